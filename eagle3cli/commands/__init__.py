@@ -1,0 +1,1 @@
+"""CLI sub-commands: parse options, call the library, print results. No logic here."""

@@ -1,0 +1,360 @@
+"""The EAGLE-3 draft model (DESIGN.md section 3): one Llama-style decoder layer.
+
+    g   = fc(cat(h_low, h_mid, h_high))                     # 3*Ht -> H, once per token
+    x   = cat(input_layernorm(embed(tok)), hidden_norm(g))  # 2H, embedding first
+    h   = g + o_proj(attn(q,k,v from x))                    # residual is the un-normed g
+    a   = h + mlp(post_attention_layernorm(h))              # the draft's output stream
+    p   = softmax(lm_head(norm(a)))                         # over the draft vocabulary
+
+The next drafting step feeds ``a`` (not its normed value) where ``g`` was. Parameter names
+match the exported safetensors names exactly (no ``model.`` prefix), so export is a plain
+state_dict filter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import text_config
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    max_position_embeddings: int
+    aux_layer_ids: tuple[int, int, int]
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    hidden_act: str = "silu"
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list | None = None
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> "DraftConfig":
+        cfg = text_config(target_config)
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kw = dict(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            vocab_size=cfg.vocab_size,
+            draft_vocab_size=int(draft_vocab_size),
+            target_hidden_size=cfg.hidden_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            aux_layer_ids=tuple(int(j) for j in aux_layer_ids),
+            rope_parameters=target_rope_parameters(cfg),
+            pad_token_id=getattr(cfg, "pad_token_id", None),
+            bos_token_id=getattr(cfg, "bos_token_id", None),
+            eos_token_id=getattr(cfg, "eos_token_id", None),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftConfig":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["aux_layer_ids"] = tuple(kw["aux_layer_ids"])
+        return cls(**kw)
+
+    def llama_config(self):
+        """A transformers LlamaConfig with the same geometry (used for RoPE and by engines)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            num_hidden_layers=1,
+            rms_norm_eps=self.rms_norm_eps,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=dict(self.rope_parameters),
+        )
+
+
+def target_rope_parameters(cfg) -> dict:
+    """The target's RoPE settings as one dict (rope_type, rope_theta, scaling keys).
+
+    transformers 5 keeps them in ``rope_parameters``; models with per-layer-type RoPE
+    (Gemma-3: sliding vs full attention) nest one dict per type: the draft is a full-attention
+    layer, so it takes the full-attention one.
+    """
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict) and rp:
+        if "full_attention" in rp and isinstance(rp["full_attention"], dict):
+            rp = rp["full_attention"]
+        out = dict(rp)
+    else:  # transformers 4.x style
+        out = dict(getattr(cfg, "rope_scaling", None) or {})
+        out.setdefault("rope_type", out.pop("type", "default"))
+        out["rope_theta"] = float(getattr(cfg, "rope_theta", 10000.0))
+    out.setdefault("rope_type", "default")
+    out.setdefault("rope_theta", 10000.0)
+    return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class Rotary(nn.Module):
+    """RoPE with the target's scaling (any rope_type transformers knows: llama3, yarn, ...)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        lcfg = cfg.llama_config()
+        rope_type = cfg.rope_parameters.get("rope_type", "default")
+        if rope_type == "default":
+            base = float(cfg.rope_parameters["rope_theta"])
+            inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+            scale = 1.0
+        else:
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](lcfg, None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = float(scale)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        """cos, sin of shape [B, 1, T, head_dim] for broadcasting over heads."""
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None]
+        sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None]
+        return cos, sin
+
+
+class KVCache:
+    """The draft's own cache: keys/values of the verified prefix plus drafted nodes."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None  # [B, kv_heads, L, head_dim]
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor):
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, n: int):
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+    def select(self, keep: torch.Tensor):
+        """Keep the cache entries at positions ``keep`` (1-D index tensor), in that order."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, keep], self.v[:, :, keep]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv, self.head_dim = nh, nkv, hd
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated q [B,nh,T,hd], k and v [B,nkv,T,hd]."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """Repeat KV heads for grouped-query attention."""
+        rep = self.num_heads // self.num_kv
+        return t if rep == 1 else t.repeat_interleave(rep, dim=1)
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = residual + attn_out
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: DraftConfig, embed_weight: torch.Tensor | None = None):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        # Frozen copy of the target's token embedding (exported only if H != Ht).
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        if embed_weight is not None:
+            self.set_embedding(embed_weight)
+        self.rotary = Rotary(cfg)
+        # Draft vocab maps (DESIGN.md 4): target_id = draft_id + d2t[draft_id]; t2d marks members.
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        if cfg.draft_vocab_size == cfg.vocab_size:
+            self.t2d.fill_(True)
+
+    # ---- setup -------------------------------------------------------------------------
+    def set_embedding(self, weight: torch.Tensor):
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(
+                f"target embedding has shape {tuple(weight.shape)}, the draft expects "
+                f"{tuple(self.embed_tokens.weight.shape)}"
+            )
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
+
+    def set_vocab(self, draft_to_target_ids: torch.Tensor):
+        """Install the vocab maps from the sorted target ids of the draft vocabulary."""
+        ids = draft_to_target_ids.to(torch.long).cpu()
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"expected {self.config.draft_vocab_size} draft tokens, got {ids.numel()}")
+        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def init_weights(self, std: float = 0.02, seed: int | None = None):
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for mod in [self.fc, self.lm_head, *self.midlayer.self_attn.children(), *self.midlayer.mlp.children()]:
+            with torch.no_grad():
+                w = torch.randn(mod.weight.shape, generator=gen) * std
+                mod.weight.copy_(w.to(mod.weight.dtype))
+
+    # ---- pieces shared by inference and training ----------------------------------------
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """3*Ht target streams -> g (H)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def logits(self, a: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits from the un-normed output stream."""
+        return self.lm_head(self.norm(a))
+
+    # ---- one drafting step with a KV cache (inference) ----------------------------------
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the layer on T new tokens; returns their output stream ``a`` [B,T,H].
+
+        ``hidden`` is g (already fused) for verified tokens or the previous step's ``a`` for
+        drafted ones. ``attn_mask`` is a bool [B or 1, 1, T, len(cache)+T] "may attend" mask;
+        None means causal over the new tokens with the whole cache visible.
+        """
+        layer = self.midlayer
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)
+        x = layer.attn_input(emb, hidden)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        q, k, v = layer.self_attn.qkv(x, cos, sin)
+        past = len(cache)
+        k_all, v_all = cache.append(k, v)
+        attn = layer.self_attn
+        k_all, v_all = attn.expand_kv(k_all), attn.expand_kv(v_all)
+        if attn_mask is None:
+            t = input_ids.shape[1]
+            attn_mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)
+        o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)
+        return layer.finish(attn.out(o), hidden)
+
+    # ---- training forward, single step (the TTT trainer unrolls several) ---------------
+    def forward(self, input_ids: torch.Tensor, aux: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Causal forward over whole sequences from the target streams: (a, logits)."""
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        a = self.step(input_ids, self.fuse(aux), position_ids, KVCache())
+        return a, self.logits(a)
+
+    def num_parameters(self, exported_only: bool = True) -> int:
+        from .export import exported_state_dict
+
+        sd = exported_state_dict(self) if exported_only else self.state_dict()
+        return sum(v.numel() for k, v in sd.items() if k not in ("d2t", "t2d"))
+
+
+def attention_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
