@@ -48,10 +48,12 @@ def _root(
 
 def _register():
     for name, module, func in COMMANDS:
+        full = f"{__package__}.commands.{module}"
         try:
-            mod = importlib.import_module(f".commands.{module}", __package__)
-            fn = getattr(mod, func)
-        except (ImportError, AttributeError):
+            fn = getattr(importlib.import_module(full), func)
+        except ModuleNotFoundError as e:
+            if e.name != full:  # a real import error inside a built command must surface
+                raise
             fn = _not_built(name)
         app.command(name)(fn)
 

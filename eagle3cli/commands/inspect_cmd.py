@@ -1,0 +1,52 @@
+"""`eagle3 inspect`: validate a draft directory against the engines' contracts."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .common import Revision, TrustRemoteCode, console
+
+
+def inspect(
+    draft: str = typer.Argument(..., help="Draft directory (config.json + model.safetensors)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target to check the draft against."),
+    revision: Optional[str] = Revision,
+    trust_remote_code: bool = TrustRemoteCode,
+):
+    """Validate an EAGLE-3 draft (ours or a third party's); exit 1 if it has problems."""
+    from rich.table import Table
+
+    from ..inspector import inspect_draft
+
+    target_config = None
+    if model:
+        from ..target import TargetSpec, load_config
+
+        target_config = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
+    rep = inspect_draft(draft, target_config)
+    table = Table(title=f"EAGLE-3 draft {draft}", show_header=False)
+    s = rep.summary
+    rows = [
+        ("layers (input of layer j; vLLM)", s.get("layers_j")),
+        ("layers (output of layer j-1; SGLang)", s.get("layers_j_minus_1")),
+        ("hidden / target hidden", f"{s.get('hidden_size')} / {s.get('target_hidden_size')}"),
+        ("vocab / draft vocab", f"{s.get('vocab_size')} / {s.get('draft_vocab_size')}"),
+        ("parameters (exported)", f"{s['parameters']:,}" if "parameters" in s else None),
+        ("dtype", f"{s.get('torch_dtype')} (tensors: {', '.join(s.get('weights_dtype', []))})"),
+        ("max positions", s.get("max_position_embeddings")),
+    ]
+    if "target_layers" in s:
+        rows.append(("target layers / engines' default j", f"{s['target_layers']} / {s.get('target_default_layers_j')}"))
+    for eng, ok in (s.get("engines") or {}).items():
+        rows.append((f"{eng} reads it correctly", "yes" if ok and rep.ok else "no"))
+    for k, v in rows:
+        table.add_row(k, "-" if v is None else str(v))
+    out = console.__class__()  # summary to stdout
+    out.print(table)
+    for p in rep.problems:
+        out.print(f"[red]problem:[/] {p}", highlight=False)
+    if rep.ok:
+        out.print("[green]ok:[/] no problems found")
+    raise typer.Exit(0 if rep.ok else 1)

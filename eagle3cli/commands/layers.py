@@ -1,0 +1,42 @@
+"""`eagle3 layers`: which target streams the draft reads, in both counts."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import typer
+
+from .common import Revision, TrustRemoteCode, console, fail
+
+
+def layers(
+    model: str = typer.Option(..., "--model", "-m", help="Target model: a Hub id or a local folder."),
+    override: Optional[str] = typer.Option(None, "--layers", help="Override, e.g. 2,16,29 (input-of-layer-j count)."),
+    revision: Optional[str] = Revision,
+    trust_remote_code: bool = TrustRemoteCode,
+):
+    """Print the target's layer count and the three streams EAGLE-3 captures."""
+    from rich.console import Console
+
+    from ..layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
+    from ..target import TargetSpec, load_config
+
+    try:
+        cfg = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            choice = choose_layers(cfg, parse_layer_ids(override))
+    except (ValueError, OSError) as e:
+        fail(str(e).splitlines()[0])
+    t = text_config(cfg)
+    out = Console()
+    out.print(f"model            {model} ({getattr(t, 'model_type', '?')})")
+    out.print(f"decoder layers   N = {choice.n_layers}")
+    out.print(f"hidden size      {t.hidden_size}")
+    out.print(f"vocab size       {t.vocab_size}")
+    out.print(f"layers j         {', '.join(map(str, choice.ids))}   (input of decoder layer j = hidden_states[j]; vLLM)")
+    out.print(f"layers j-1       {', '.join(map(str, choice.output_ids))}   (output of layer j-1; SGLang, reference EAGLE)")
+    out.print(f"engines' default {', '.join(map(str, default_layer_ids(choice.n_layers)))}")
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {w.message}", highlight=False)

@@ -1,0 +1,77 @@
+import pytest
+import torch
+from tiny import ARCHS, tiny_config, tiny_model
+
+from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
+
+
+def make_draft(arch="llama", draft_vocab=100, seed=0):
+    model = tiny_model(arch)
+    cfg = DraftConfig.from_target(model.config, draft_vocab, (2, 4, 5))
+    d = Eagle3Draft(cfg, embed_weight=model.get_input_embeddings().weight)
+    d.init_weights(seed=seed)
+    d.set_vocab(torch.arange(0, 2 * draft_vocab, 2))
+    return model, d
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_from_target(arch):
+    cfg = DraftConfig.from_target(tiny_config(arch), 100, (2, 4, 5))
+    t = tiny_config(arch)
+    assert cfg.hidden_size == t.hidden_size and cfg.target_hidden_size == t.hidden_size
+    assert cfg.num_key_value_heads == t.num_key_value_heads
+    assert cfg.head_dim == (getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads)
+    assert cfg.max_position_embeddings == t.max_position_embeddings
+    assert cfg.vocab_size == t.vocab_size and cfg.draft_vocab_size == 100
+    assert "rope_theta" in cfg.rope_parameters
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forward_shapes(arch):
+    model, d = make_draft(arch)
+    ids = torch.randint(0, 256, (2, 9))
+    a, logits = d(ids, torch.randn(2, 9, 3 * 64))
+    assert a.shape == (2, 9, 64) and logits.shape == (2, 9, 100)
+    # the embedding is a frozen copy of the target's
+    assert torch.equal(d.embed_tokens.weight, model.get_input_embeddings().weight)
+    assert not d.embed_tokens.weight.requires_grad
+
+
+def test_d2t_offsets():
+    _, d = make_draft()
+    for i in [0, 1, 37, 99]:
+        assert int(i + d.d2t[i]) == 2 * i
+    assert torch.equal(d.draft_to_target(torch.tensor([5, 6])), torch.tensor([10, 12]))
+    assert int(d.t2d.sum()) == 100 and bool(d.t2d[10]) and not bool(d.t2d[11])
+
+
+def test_cached_steps_equal_full_forward():
+    """Feeding tokens one at a time through the KV cache equals one causal forward."""
+    _, d = make_draft()
+    ids = torch.randint(0, 256, (1, 8))
+    g = d.fuse(torch.randn(1, 8, 192))
+    pos = torch.arange(8)[None]
+    full = d.step(ids, g, pos, KVCache())
+    cache, outs = KVCache(), []
+    for t in range(8):
+        outs.append(d.step(ids[:, t:t + 1], g[:, t:t + 1], pos[:, t:t + 1], cache))
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+    assert len(cache) == 8
+    cache.crop(5)
+    assert len(cache) == 5
+
+
+def test_rope_matches_transformers_llama3_scaling():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rp = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = tiny_config("llama", rope_parameters=rp, max_position_embeddings=512)
+    dcfg = DraftConfig.from_target(cfg, 50, (2, 4, 5))
+    assert dcfg.rope_parameters["rope_type"] == "llama3"
+    d = Eagle3Draft(dcfg)
+    pos = torch.arange(300)[None]
+    cos, sin = d.rotary(pos, torch.float32)
+    ref_cos, ref_sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1), pos)
+    torch.testing.assert_close(cos[:, 0], ref_cos, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sin[:, 0], ref_sin, rtol=1e-6, atol=1e-6)
