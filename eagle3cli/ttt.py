@@ -1,0 +1,160 @@
+"""Training-time test (DESIGN.md 6): the draft is trained on its own outputs.
+
+One training sequence of length T is unrolled for S steps. With x the tokens, g = fuse(aux),
+and a^s the draft's output stream at step s::
+
+    step 0, position t:  token x[t+1],    feature g[t],        position id t
+    step s, position t:  token x[t+1+s],  feature a^{s-1}[t],  position id t+s
+    prediction:          the target's distribution at position t+1+s (it predicts x[t+2+s])
+
+Tokens stay teacher-forced; only the feature input is self-fed, exactly what the draft sees
+when it drafts s tokens past a verified prefix at inference. The query at (s, t) attends to
+the step-0 keys at positions <= t (the verified prefix) plus the keys at its own position t
+from steps 1..s (its own drafted tokens). That second part is one key per step per position,
+so it is computed as per-position dot products appended to the causal scores before a single
+softmax: one T x T score matrix per step, never a (sT) x (sT) mask.
+
+The teacher is the target's softmax restricted to the draft vocabulary, recomputed from the
+stored final hidden state with the target's frozen LM head, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .target import lm_logits, output_head
+
+# q [B,h,T,d], keys/values: list of [B,h,T,d]; [0] = step-0 (causal), [1:] = diagonal steps.
+Attention = Callable[[torch.Tensor, list, list], torch.Tensor]
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t + n] at position t (dim 1), padded with ``fill`` past the end."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_attention(q: torch.Tensor, keys: list, values: list) -> torch.Tensor:
+    """Causal attention over the step-0 keys plus the diagonal keys of steps 1..s."""
+    if len(keys) == 1:
+        return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True)
+    scale = q.shape[-1] ** -0.5
+    t = q.shape[-2]
+    causal = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    causal = causal.masked_fill(future, float("-inf"))
+    # Per-position dot products with the same position's key at each later step: [B,h,T,s].
+    diag = torch.stack([(q * k).sum(-1) for k in keys[1:]], dim=-1) * scale
+    probs = torch.softmax(torch.cat([causal, diag], dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(probs[..., :t], values[0])
+    diag_v = torch.stack(values[1:], dim=-2)  # [B,h,T,s,d]
+    return out + (probs[..., t:].unsqueeze(-1) * diag_v).sum(-2)
+
+
+def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
+                attention: Attention = ttt_attention) -> Iterator[torch.Tensor]:
+    """Yield the draft's output stream a^s [B,T,H] for s = 0..steps-1."""
+    layer = draft.midlayer
+    attn = layer.self_attn
+    b, t = input_ids.shape
+    hidden = draft.fuse(aux)
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    keys, values = [], []
+    for s in range(steps):
+        emb = draft.embed_tokens(shift_left(input_ids, 1 + s)).to(hidden.dtype)
+        x = layer.attn_input(emb, hidden)
+        cos, sin = draft.rotary(positions + s, x.dtype)
+        q, k, v = attn.qkv(x, cos, sin)
+        keys.append(attn.expand_kv(k))
+        values.append(attn.expand_kv(v))
+        a = layer.finish(attn.out(attention(q, keys, values)), hidden)
+        yield a
+        hidden = a  # the next step is fed the draft's own output, not the target's
+
+
+@dataclass
+class Teacher:
+    probs: torch.Tensor  # [B,T,Vd] float32: target softmax over the draft vocab at each position
+    index: torch.Tensor  # [B,T] int64: draft id of the target's argmax, -1 if outside the vocab
+
+
+@torch.no_grad()
+def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
+                       max_elements: int = 1 << 26) -> Teacher:
+    """Teacher distributions from the target's final hidden states [B,T,Ht].
+
+    Full-vocab logits exist for only ``max_elements // vocab`` tokens at a time; the argmax is
+    taken over the full vocab so a target choice outside the draft vocab is a miss.
+    """
+    b, t, _ = final.shape
+    flat = final.reshape(b * t, -1)
+    vocab = output_head(target).weight.shape[0]
+    vocab_ids = vocab_ids.to(final.device)
+    to_draft = torch.full((vocab,), -1, dtype=torch.long, device=final.device)
+    to_draft[vocab_ids] = torch.arange(vocab_ids.numel(), device=final.device)
+    chunk = max(1, max_elements // vocab)
+    probs, index = [], []
+    for i in range(0, flat.shape[0], chunk):
+        logits = lm_logits(target, flat[i:i + chunk]).float()
+        index.append(to_draft[logits.argmax(-1)])
+        probs.append(torch.softmax(logits[:, vocab_ids], dim=-1))
+    return Teacher(torch.cat(probs).view(b, t, -1), torch.cat(index).view(b, t))
+
+
+class TTTModel(nn.Module):
+    """The draft wrapped for training: forward = the S-step unroll, returning loss and stats.
+
+    A module (rather than a function) so DDP/FSDP wrappers see the unroll as the forward
+    and synchronise gradients.
+    """
+
+    def __init__(self, draft, steps: int = 7, decay: float = 0.8, attention: Attention = ttt_attention):
+        super().__init__()
+        self.draft = draft
+        self.steps = steps
+        self.decay = decay
+        self.attention = attention
+
+    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index):
+        """Returns (loss, step_loss [S], correct [S], counted [S]); the last three detached.
+
+        loss = sum_s decay^s * loss_s, loss_s = soft cross-entropy vs the teacher averaged over
+        the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
+        a position whose target argmax lies outside the draft vocab as a miss.
+        """
+        total = 0.0
+        step_loss, correct, counted = [], [], []
+        streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention)
+        for s, a in enumerate(streams):
+            # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
+            mask = shift_left(loss_mask, 2 + s, fill=False)
+            p = shift_left(teacher_probs, 1 + s)[mask]
+            logits = self.draft.logits(a[mask]).float()
+            n = p.shape[0]
+            loss_s = -(p * torch.log_softmax(logits, dim=-1)).sum() / max(n, 1)
+            total = total + (self.decay ** s) * loss_s
+            target = shift_left(teacher_index, 1 + s, fill=-1)[mask]
+            step_loss.append(loss_s.detach())
+            correct.append((logits.detach().argmax(-1) == target).sum())
+            counted.append(torch.tensor(n, device=logits.device))
+        return total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted)
+
+
+def acceptance_length(acc: list[float]) -> float:
+    """Simulated mean acceptance length of a chain of len(acc) drafted tokens.
+
+    Treats acc_s as the chance that drafted token s is accepted given tokens 0..s-1 were (the
+    TTT metrics are measured exactly in that conditioning); the bonus token counts one.
+    """
+    tau, alive = 1.0, 1.0
+    for a in acc:
+        alive *= a
+        tau += alive
+    return tau

@@ -1,0 +1,113 @@
+"""Training-time test: the fast unroll against a naive full-mask reference and the inference path."""
+
+import torch
+import torch.nn.functional as F
+
+from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.ttt import TTTModel, acceptance_length, shift_left, teacher_from_final, ttt_attention, ttt_streams
+from tiny import tiny_config, tiny_model
+
+
+def naive_attention(q, keys, values):
+    """Reference: every step's keys laid out as one long sequence with an explicit bool mask.
+
+    Query (s, t) may see step-0 keys at t' <= t and the key at (s', t) for 1 <= s' <= s.
+    """
+    t = q.shape[-2]
+    blocks = [torch.ones(t, t, dtype=torch.bool).tril()] + [torch.eye(t, dtype=torch.bool)] * (len(keys) - 1)
+    mask = torch.cat(blocks, dim=1)
+    return F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask)
+
+
+def make_draft(vocab=256, draft_vocab=64, seed=0):
+    cfg = DraftConfig.from_target(tiny_config("llama", vocab_size=vocab), draft_vocab, (1, 4, 7))
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg, embed_weight=torch.randn(vocab, cfg.hidden_size))
+    draft.init_weights(seed=seed, std=0.1)
+    draft.set_vocab(torch.randperm(vocab)[:draft_vocab].sort().values)
+    return draft
+
+
+def test_ttt_attention_matches_full_mask_reference_values_and_grads():
+    torch.manual_seed(0)
+    b, h, t, d = 2, 4, 9, 16
+    for s in range(0, 5):
+        leaves = [torch.randn(b, h, t, d, requires_grad=True) for _ in range(1 + 2 * (s + 1))]
+        q, keys, values = leaves[0], leaves[1:s + 2], leaves[s + 2:]
+        fast = ttt_attention(q, keys, values)
+        ref = naive_attention(q, keys, values)
+        torch.testing.assert_close(fast, ref, atol=1e-6, rtol=1e-5)
+        w = torch.randn_like(ref)
+        g_fast = torch.autograd.grad((fast * w).sum(), leaves)
+        g_ref = torch.autograd.grad((ref * w).sum(), leaves)
+        for a, r in zip(g_fast, g_ref):
+            torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+
+
+def random_batch(vocab=256, draft_vocab_ids=None, b=2, t=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (b, t), generator=g)
+    aux = torch.randn(b, t, 3 * 64, generator=g)
+    mask = torch.rand(b, t, generator=g) > 0.3
+    mask[-1, 8:] = False  # a padded tail
+    probs = torch.softmax(torch.randn(b, t, draft_vocab_ids.numel(), generator=g) * 3, -1)
+    index = torch.randint(-1, draft_vocab_ids.numel(), (b, t), generator=g)
+    return ids, aux, mask, probs, index
+
+
+def test_unroll_matches_naive_reference_loss_and_grads():
+    draft = make_draft()
+    batch = random_batch(draft_vocab_ids=draft.d2t)
+    fast = TTTModel(draft, steps=5, decay=0.8)
+    ref = TTTModel(draft, steps=5, decay=0.8, attention=naive_attention)
+    loss_f, sl_f, c_f, n_f = fast(*batch)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    g_f = torch.autograd.grad(loss_f, params)
+    loss_r, sl_r, c_r, n_r = ref(*batch)
+    g_r = torch.autograd.grad(loss_r, params)
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sl_f, sl_r, atol=1e-5, rtol=1e-5)
+    assert torch.equal(c_f, c_r) and torch.equal(n_f, n_r)
+    for a, r in zip(g_f, g_r):
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-4)
+    # The weighted sum is what it claims to be.
+    torch.testing.assert_close(loss_f, sum(0.8 ** s * sl_f[s] for s in range(5)))
+    # Counted positions: mask shifted by 2 + s.
+    mask = batch[2]
+    assert n_f.tolist() == [int(mask[:, 2 + s:].sum()) for s in range(5)]
+
+
+def test_unroll_is_what_the_draft_sees_at_inference():
+    """Step s at position t == drafting s tokens past a verified prefix 0..t with a KV cache."""
+    draft = make_draft()
+    ids, aux, *_ = random_batch(draft_vocab_ids=draft.d2t, b=1, t=10)
+    with torch.no_grad():
+        streams = list(ttt_streams(draft, ids, aux, steps=4))
+        for t in (0, 3, 5):
+            cache = KVCache()
+            g = draft.fuse(aux[:, :t + 1])
+            a = draft.step(ids[:, 1:t + 2], g, torch.arange(t + 1)[None], cache)[:, -1:]
+            torch.testing.assert_close(a[0, 0], streams[0][0, t], atol=1e-5, rtol=1e-5)
+            for s in range(1, 4):
+                a = draft.step(ids[:, t + 1 + s:t + 2 + s], a, torch.tensor([[t + s]]), cache)
+                torch.testing.assert_close(a[0, 0], streams[s][0, t], atol=1e-5, rtol=1e-5)
+
+
+def test_teacher_chunks_restrict_and_mark_misses():
+    target = tiny_model("llama")
+    vocab_ids = torch.arange(0, 256, 3)
+    final = torch.randn(2, 7, 64)
+    small = teacher_from_final(target, final, vocab_ids, max_elements=256 * 3)  # 3 tokens per chunk
+    full = target.lm_head(final).float()
+    torch.testing.assert_close(small.probs, torch.softmax(full[..., vocab_ids], -1))
+    arg = full.argmax(-1)
+    expect = torch.where(arg % 3 == 0, arg // 3, torch.full_like(arg, -1))
+    assert torch.equal(small.index, expect)
+
+
+def test_shift_left_and_acceptance_length():
+    x = torch.arange(6).view(1, 6)
+    assert shift_left(x, 2).tolist() == [[2, 3, 4, 5, 0, 0]]
+    assert shift_left(x, 9).tolist() == [[0] * 6]
+    assert acceptance_length([1.0, 1.0, 1.0]) == 4.0
+    assert abs(acceptance_length([0.5, 0.5]) - 1.75) < 1e-12
