@@ -1,0 +1,50 @@
+"""`eagle3 push`: publish a draft as a Hub repo with a model card (library: eagle3cli/push.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .common import console, fail
+
+
+def push(
+    draft_dir: Path = typer.Argument(..., help="The draft directory (config.json + model.safetensors)."),
+    repo: str = typer.Option(..., "--repo", help="Hub repo to publish to, OWNER/NAME (created if missing)."),
+    private: bool = typer.Option(False, "--private", help="Create the repo private."),
+    branch: Optional[str] = typer.Option(None, "--branch", help="Upload to this branch (created if missing)."),
+    create_pr: bool = typer.Option(False, "--create-pr", help="Open a pull request against main instead of committing."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, else your saved login)."),
+    eval_results: List[Path] = typer.Option([], "--eval-results", help="results.json from `eagle3 eval` (repeatable): the card's evaluation table."),
+    dry_run: Optional[Path] = typer.Option(None, "--dry-run", metavar="OUT_DIR", help="Write the folder that would be uploaded to OUT_DIR; upload nothing."),
+    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit message (or pull request title)."),
+    license: Optional[str] = typer.Option(None, "--license", help="Licence id for the card (default: the target's, when recorded)."),
+    base_model: Optional[str] = typer.Option(None, "--base-model", help="The target's Hub id, when training recorded a local folder."),
+):
+    """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
+    from .. import push as lib
+
+    try:
+        if dry_run is not None:
+            res = lib.dry_run(draft_dir, dry_run, repo, eval_results, license=license, base_model=base_model)
+            console.print(f"dry run: {res.note}; nothing uploaded", highlight=False)
+            for name in res.files:
+                size = (res.folder / name).stat().st_size
+                typer.echo(f"{res.folder / name}\t{size:,} bytes")
+            return
+        res = lib.push(draft_dir, repo, private=private, branch=branch, create_pr=create_pr, token=token,
+                       eval_results=eval_results, commit_message=commit_message, license=license,
+                       base_model=base_model)
+    except lib.DraftRejected as e:
+        for p in e.problems:
+            console.print(f"  - {p}", highlight=False)
+        fail(str(e))
+    except lib.PushError as e:
+        fail(str(e))
+    typer.echo(f"pushed {', '.join(res.files)} to {res.repo_url}")
+    if res.pr_url:
+        typer.echo(f"pull request: {res.pr_url}")
+    elif res.commit_url:
+        typer.echo(f"commit: {res.commit_url}")

@@ -1,0 +1,196 @@
+"""The Hub model card of a draft: metadata, how to serve it, how well it does, how it was made.
+
+The card is rendered by ``huggingface_hub.ModelCard.from_template`` from ``templates/model_card.md``
+(shipped as package data ``eagle3cli.templates``). This module only gathers the values: the
+draft's ``config.json`` (with its ``eagle3_training`` block, see export.METADATA_KEY) and zero or
+more ``results.json`` files written by ``eagle3 eval``.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from .export import METADATA_KEY
+
+TEMPLATE = "model_card.md"
+LIBRARY_NAME = "eagle3"  # the library that trains, evaluates and loads these drafts
+TAGS = ["eagle3", "eagle", "speculative-decoding"]
+PAPER = "arXiv:2503.01840"
+
+
+# ---------------------------------------------------------------- serving commands (DESIGN.md 5)
+
+def sglang_command(target: str, draft: str) -> str:
+    return (f"python -m sglang.launch_server --model {target} --speculative-algorithm EAGLE3 \\\n"
+            f"  --speculative-draft-model-path {draft} --speculative-num-steps 3 \\\n"
+            f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+
+
+def vllm_command(target: str, draft: str) -> str:
+    spec = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 3}, separators=(",", ":"))
+    return f"vllm serve {target} --speculative-config '{spec}'"
+
+
+# ---------------------------------------------------------------- eval results (eagle3 eval's results.json)
+
+def load_results(path: str | Path) -> dict:
+    """Read and sanity-check one results.json; ValueError with a one-line reason otherwise."""
+    p = Path(path)
+    try:
+        res = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"eval results {p}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"eval results {p}: not valid JSON ({e})") from None
+    tasks = res.get("tasks") if isinstance(res, dict) else None
+    if not isinstance(tasks, dict) or not tasks:
+        raise ValueError(f"eval results {p}: no 'tasks' (expected the results.json written by `eagle3 eval`)")
+    for name, t in tasks.items():
+        if not isinstance(t, dict) or not isinstance(t.get("tau"), (int, float)):
+            raise ValueError(f"eval results {p}: task {name!r} has no numeric 'tau'")
+    return res
+
+
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "—"
+
+
+def _settings(s: dict) -> str:
+    parts = []
+    mode = s.get("mode")
+    if mode == "tree":
+        parts.append(f"tree: depth {s.get('depth')}, top-k {s.get('top_k')}, {s.get('total_tokens')} tokens")
+    elif mode == "chain":
+        parts.append(f"chain: {s.get('steps')} steps")
+    elif mode:
+        parts.append(str(mode))
+    if s.get("temperature") is not None:
+        parts.append(f"temperature {s['temperature']}")
+    if s.get("max_new_tokens") is not None:
+        parts.append(f"{s['max_new_tokens']} new tokens")
+    return ", ".join(parts) or "—"
+
+
+def eval_rows(results: list[dict]) -> list[dict]:
+    """One table row per (results file, task), already formatted for the card."""
+    rows = []
+    for res in results:
+        settings = _settings(res.get("settings") or {})
+        hardware = str(res.get("hardware") or "—").replace("|", "/")
+        for task, t in res["tasks"].items():
+            tps = t.get("tokens_per_s") or {}
+            lossless = t.get("lossless")
+            mism = t.get("mismatches") or []
+            rows.append({
+                "task": task,
+                "num_prompts": t.get("num_prompts", "—"),
+                "tau": _num(t.get("tau"), ".2f"),
+                "speedup": _num(t.get("speedup"), ".2f") + ("×" if isinstance(t.get("speedup"), (int, float)) else ""),
+                "tokens_per_s": f"{_num(tps.get('baseline'), '.1f')} → {_num(tps.get('speculative'), '.1f')}",
+                "lossless": "yes" if lossless is True else (f"no ({len(mism)} prompts differ)" if lossless is False else "—"),
+                "hardware": hardware,
+                "settings": settings,
+            })
+    return rows
+
+
+# ---------------------------------------------------------------- facts and training record
+
+def _ids(xs) -> str:
+    return ", ".join(str(x) for x in xs)
+
+
+def facts(config: dict, target: str | None) -> list[tuple[str, str]]:
+    meta = config.get(METADATA_KEY) or {}
+    j = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
+    k = list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [j_ - 1 for j_ in j])
+    v, dv = config.get("vocab_size"), config.get("draft_vocab_size") or config.get("vocab_size")
+    rows = [("Target", f"`{target}`" if target else "not recorded")]
+    if meta.get("target_revision"):
+        rows.append(("Target revision", f"`{meta['target_revision']}`"))
+    rows += [
+        ("Target layers read (j: input of decoder layer j; vLLM's `eagle_aux_hidden_state_layer_ids`)", _ids(j)),
+        ("Same layers as k = j − 1 (output of layer k; SGLang's `eagle_config`)", _ids(k)),
+        ("Draft vocabulary", f"{dv:,} of the target's {v:,} tokens" if isinstance(dv, int) and isinstance(v, int)
+         else str(dv)),
+        ("Hidden size", str(config.get("hidden_size"))
+         + (f" (target {config['target_hidden_size']})" if config.get("target_hidden_size") else "")),
+        ("Max positions", f"{config.get('max_position_embeddings'):,}" if config.get("max_position_embeddings") else "—"),
+        ("Weights", f"`model.safetensors`, {config.get('torch_dtype') or config.get('dtype') or '?'}"),
+    ]
+    return rows
+
+
+def training_rows(meta: dict) -> list[tuple[str, str]]:
+    """The training record as (label, value) rows; keys that are absent are left out."""
+    if not meta:
+        return []
+    rows = []
+
+    def add(label, key, fmt=str):
+        if meta.get(key) is not None:
+            rows.append((label, fmt(meta[key])))
+
+    data = meta.get("data")
+    if data is not None:
+        rows.append(("Data", json.dumps(data) if isinstance(data, (dict, list)) else str(data)))
+    if meta.get("datasets"):
+        rows.append(("Datasets", ", ".join(f"[{d}](https://huggingface.co/datasets/{d})" for d in meta["datasets"])))
+    add("Samples", "num_samples", lambda x: f"{x:,}")
+    add("Tokens", "num_tokens", lambda x: f"{x:,}")
+    add("Steps", "steps", lambda x: f"{x:,}")
+    add("Epochs", "epochs")
+    if meta.get("ttt_steps") is not None:
+        decay = f", step decay {meta['step_decay']}" if meta.get("step_decay") is not None else ""
+        rows.append(("Training-time-test steps", f"{meta['ttt_steps']}{decay}"))
+    add("Learning rate", "lr", lambda x: f"{x:g}" if isinstance(x, (int, float)) else str(x))
+    add("Recipe", "recipe")
+    add("Vocabulary coverage of training tokens", "vocab_coverage",
+        lambda x: f"{100 * x:.2f}%" if isinstance(x, (int, float)) else str(x))
+    acc = (meta.get("metrics") or {}).get("acc")
+    if acc:
+        rows.append(("Final top-1 agreement per TTT step", ", ".join(_num(a, ".3f") for a in acc)))
+    add("Chat template (sha256)", "chat_template_hash", lambda x: f"`{str(x)[:16]}…`")
+    add("eagle3 version", "eagle3_version")
+    add("Created", "created")
+    return [(label, str(value).replace("|", "/").replace("\n", " ")) for label, value in rows]
+
+
+# ---------------------------------------------------------------- the card
+
+def template_text(name: str = TEMPLATE) -> str:
+    try:
+        return resources.files("eagle3cli.templates").joinpath(name).read_text(encoding="utf-8")
+    except ModuleNotFoundError:
+        # A source checkout used without `pip install`: templates/ sits beside the package.
+        return (Path(__file__).resolve().parent.parent / "templates" / name).read_text(encoding="utf-8")
+
+
+def render_card(config: dict, repo_id: str, target: str | None, results: list[dict] = (),
+                license: str | None = None):
+    """The ModelCard (huggingface_hub) for a draft published as ``repo_id``."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    meta = config.get(METADATA_KEY) or {}
+    license = license or meta.get("target_license") or meta.get("license")
+    data = ModelCardData(
+        base_model=target,
+        library_name=LIBRARY_NAME,
+        tags=list(TAGS),
+        license=license.lower() if license else None,
+        datasets=list(meta["datasets"]) if meta.get("datasets") else None,
+    )
+    return ModelCard.from_template(
+        data,
+        template_str=template_text(),
+        model_name=repo_id.split("/")[-1],
+        target=target,
+        target_revision=meta.get("target_revision"),
+        facts=facts(config, target),
+        sglang_command=sglang_command(target or "TARGET", repo_id),
+        vllm_command=vllm_command(target or "TARGET", repo_id),
+        eval_rows=eval_rows(list(results)),
+        training=training_rows(meta),
+    )
