@@ -1,0 +1,208 @@
+"""Real-model plumbing: truncated ShareGPT decoding, package data files, GGUF -> HF conversion."""
+
+import json
+import os
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from eagle3cli import realmodels as rm
+
+# A ShareGPT-like array cut off in the middle of its 4th object; values contain brackets,
+# braces, escaped quotes and commas so a naive split would break.
+TRUNCATED = """[
+  {"id": "a_0", "conversations": [{"from": "human", "value": "Hi {there} [x], \\"q\\""},
+                                  {"from": "gpt", "value": "Hello! }]"}]},
+  {"id": "b_0", "conversations": []},
+  {"id": "c_1", "conversations": [{"from": "system", "value": "be brief"},
+                                  {"from": "human", "value": "2+2?"},
+                                  {"from": "gpt", "value": "4"},
+                                  {"from": "bing", "value": "dropped role"}]},
+  {"id": "d_0", "conversations": [{"from": "human", "value": "this one is cut of"""
+
+
+def test_truncated_array_yields_complete_objects_only():
+    objs = list(rm.iter_truncated_json_array(TRUNCATED))
+    assert [o["id"] for o in objs] == ["a_0", "b_0", "c_1"]
+    assert objs[0]["conversations"][0]["value"] == 'Hi {there} [x], "q"'
+    assert objs[0]["conversations"][1]["value"] == "Hello! }]"
+
+
+def test_truncated_array_complete_and_empty():
+    assert list(rm.iter_truncated_json_array('[{"a": 1}, {"a": 2}]')) == [{"a": 1}, {"a": 2}]
+    assert list(rm.iter_truncated_json_array("[]")) == []
+    assert list(rm.iter_truncated_json_array("[\n")) == []
+
+
+def test_sharegpt_jsonl_from_package_file(tmp_path, monkeypatch):
+    src = tmp_path / "sharegpt.json"
+    src.write_text(TRUNCATED)
+    monkeypatch.setattr(rm, "package_file", lambda *a, **k: src)
+    out = rm.sharegpt_path(cache_dir=tmp_path / "cache")
+    assert out == tmp_path / "cache" / "data" / rm.SHAREGPT_JSONL
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # b_0 has no turns (dropped); c_1 keeps system/human/gpt and drops the unknown role.
+    assert rows == [
+        {"id": "a_0", "conversations": [{"from": "human", "value": 'Hi {there} [x], "q"'},
+                                        {"from": "gpt", "value": "Hello! }]"}]},
+        {"id": "c_1", "conversations": [{"from": "system", "value": "be brief"},
+                                        {"from": "human", "value": "2+2?"},
+                                        {"from": "gpt", "value": "4"}]},
+    ]
+    assert [r["id"] for r in rm.sharegpt_conversations(1, seed=0, cache_dir=tmp_path / "cache")] in (["a_0"], ["c_1"])
+    a = rm.sharegpt_conversations(2, seed=3, cache_dir=tmp_path / "cache")
+    b = rm.sharegpt_conversations(2, seed=3, cache_dir=tmp_path / "cache")
+    assert a == b
+
+
+def test_package_dir_does_not_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "broken_pkg_for_test"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('importing me is a bug')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert rm.package_dir("broken_pkg_for_test") == pkg
+    assert "broken_pkg_for_test" not in sys.modules
+    assert rm.package_dir("no_such_pkg_xyz") is None
+
+
+def test_package_file_extracts_from_wheel(tmp_path, monkeypatch):
+    wheel = tmp_path / "dl" / "fake_pkg_xyz-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fake_pkg_xyz/data/file.bin", b"\x00payload\xff")
+    monkeypatch.setattr(rm, "_download_wheel", lambda name, ver, dest: wheel)
+    got = rm.package_file(("fake-pkg-xyz", "1.0", "fake_pkg_xyz"), "data/file.bin", cache_dir=tmp_path / "c")
+    assert got == tmp_path / "c" / "downloads" / "fake_pkg_xyz-1.0" / "data" / "file.bin"
+    assert got.read_bytes() == b"\x00payload\xff"
+
+
+# ---------------------------------------------------------------- GGUF -> HF folder
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_tiny_gguf(path, seed=0, tied=True):
+    """A 2-layer random Llama GGUF (f32) with a byte-level BPE tokenizer and a chat template."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    h, inter, n_layers, nh, nkv = 32, 64, 2, 4, 2
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = specials + list(bytes_to_unicode().values()) + ["Ġt", "he", "Ġthe"]
+    v = len(tokens)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(100000.0)
+    w.add_rope_dimension_count(h // nh)
+    w.add_vocab_size(v)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(specials) + [1] * (v - len(specials)))
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_chat_template(CHAT)
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(v, h))
+    w.add_tensor("output_norm.weight", 1 + t(h))
+    if not tied:
+        w.add_tensor("output.weight", t(v, h))
+    hd = h // nh
+    for i in range(n_layers):
+        for name, shape in [("attn_norm", (h,)), ("ffn_norm", (h,))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", 1 + t(*shape))
+        for name, shape in [("attn_q", (nh * hd, h)), ("attn_k", (nkv * hd, h)), ("attn_v", (nkv * hd, h)),
+                            ("attn_output", (h, nh * hd)), ("ffn_gate", (inter, h)), ("ffn_up", (inter, h)),
+                            ("ffn_down", (h, inter))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", t(*shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.Q.gguf")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_convert_gguf_matches_gguf_model(tmp_path, tied):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = write_tiny_gguf(tmp_path / "m.gguf", seed=1, tied=tied)
+    out = rm.convert_gguf(gguf_file, tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp dir left
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in cfg
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (2, 32, 262)
+    assert AutoConfig.from_pretrained(out).tie_word_embeddings is tied
+
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32)
+    got = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[1, 86, 260, 223, 69, 2, 5, 261]])
+    with torch.no_grad():
+        assert torch.equal(ref(ids).logits, got(ids).logits)
+
+    tok_ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == CHAT
+    msgs = [{"role": "user", "content": "the cat"}]
+    assert tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == \
+        "<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n"
+    assert tok("the the cat").input_ids == tok_ref("the the cat").input_ids
+    assert tok.eos_token == "<|im_end|>"
+
+
+def test_smollm2_dir_falls_back_to_package_gguf_and_caches(tmp_path, monkeypatch, tiny_gguf):
+    calls = []
+    monkeypatch.setattr(rm, "package_file", lambda *a, **k: calls.append(a) or tiny_gguf)
+    out = rm.smollm2_dir(cache_dir=tmp_path, hub=False)
+    assert out == tmp_path / "models" / rm.SMOLLM2_NAME
+    assert calls == [(rm.SMOLLM2_PACKAGE, rm.SMOLLM2_GGUF, tmp_path)]
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
+    assert rm.smollm2_dir() == out  # cached: no second conversion
+    assert len(calls) == 1 and (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_cache_root_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "x"))
+    assert rm.cache_root() == tmp_path / "x"
+    assert rm.cache_root(tmp_path / "y") == tmp_path / "y"
+
+
+# ---------------------------------------------------------------- the real thing (opt-in)
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.environ.get("EAGLE3_REAL_MODELS"), reason="set EAGLE3_REAL_MODELS=1 to use the real SmolLM2")
+def test_real_smollm2_folder():
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    d = rm.smollm2_dir()
+    cfg = AutoConfig.from_pretrained(d)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (30, 576, 49152)
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
