@@ -32,6 +32,7 @@ CARD = "README.md"
 UPLOAD_FILES = (CONFIG, WEIGHTS, CARD, TRAINING_FILE)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+TRIES, WAIT_S = 4, 2.0  # network retries per Hub call: waits 2, 4, 8 s
 
 console = Console(stderr=True)
 
@@ -233,11 +234,13 @@ def _explain(err: BaseException, what: str, endpoint: str) -> str:
     return f"{what} failed: {first}"
 
 
-def with_retries(what: str, fn: Callable, tries: int = 4, wait_s: float = 2.0, endpoint: str = "the Hub",
-                 token: str | None = None, sleep: Callable[[float], None] = time.sleep):
+def with_retries(what: str, fn: Callable, tries: int | None = None, wait_s: float | None = None,
+                 endpoint: str = "the Hub", token: str | None = None):
     """Call fn(); retry network errors and 408/429/5xx with backoff, then fail with one line."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+    tries = TRIES if tries is None else tries
+    wait_s = WAIT_S if wait_s is None else wait_s
     network = _network_errors()
     for attempt in range(1, tries + 1):
         try:
@@ -250,18 +253,18 @@ def with_retries(what: str, fn: Callable, tries: int = 4, wait_s: float = 2.0, e
                 if isinstance(e, (HfHubHTTPError, ValueError)):
                     raise PushError(_scrub(_explain(e, what, endpoint), token)) from None
                 raise
-            short = _scrub(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, token)
+            short = _scrub(str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__, token)
             if attempt == tries:
                 raise PushError(f"{what}: network error talking to {endpoint} after {tries} tries ({short}); "
                                 "nothing is lost: run the same command again to finish") from None
             delay = wait_s * 2 ** (attempt - 1)
             console.print(f"[yellow]{what}: {short}; retry {attempt}/{tries - 1} in {delay:g}s[/]", highlight=False)
-            sleep(delay)
+            time.sleep(delay)
 
 
 def upload(folder: str | Path, repo_id: str, *, private: bool = False, branch: str | None = None,
            create_pr: bool = False, token: str | None = None, commit_message: str | None = None,
-           tries: int = 4, wait_s: float = 2.0) -> PushResult:
+           tries: int | None = None, wait_s: float | None = None) -> PushResult:
     """create_repo(exist_ok) + create_branch + upload_folder, each retried on network errors.
 
     Every step is idempotent (the repo and branch may exist, unchanged files are skipped), so
@@ -302,7 +305,7 @@ def _scratch_parent(draft_dir) -> str | None:
 
 def push(draft_dir, repo_id: str, *, private: bool = False, branch: str | None = None, create_pr: bool = False,
          token: str | None = None, eval_results=(), commit_message: str | None = None, license: str | None = None,
-         base_model: str | None = None, tries: int = 4, wait_s: float = 2.0) -> PushResult:
+         base_model: str | None = None, tries: int | None = None, wait_s: float | None = None) -> PushResult:
     """Build the folder in a temporary directory and upload it."""
     with tempfile.TemporaryDirectory(prefix=".eagle3-push-", dir=_scratch_parent(draft_dir)) as tmp:
         files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model)
