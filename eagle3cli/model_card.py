@@ -152,6 +152,7 @@ def training_rows(meta: dict) -> list[tuple[str, str]]:
     acc = (meta.get("metrics") or {}).get("acc")
     if acc:
         rows.append(("Final top-1 agreement per TTT step", ", ".join(_num(a, ".3f") for a in acc)))
+    add("Note", "note")
     add("Chat template (sha256)", "chat_template_hash", lambda x: f"`{str(x)[:16]}…`")
     add("eagle3 version", "eagle3_version")
     add("Created", "created")
