@@ -10,7 +10,8 @@ Two routes, no per-family rules:
    itself (``return_assistant_tokens_mask``).
 2. Any other template: render the whole conversation once and tokenise it (with character
    offsets). For each assistant turn k, render ``messages[:k]`` with the generation prompt:
-   where that text stops agreeing with the full text is where the assistant starts writing.
+   the full text continues from there with what the assistant writes (if a template renders
+   that prefix differently, the header after the previous message is matched instead).
    The turn's content is then found from there (templates may trim it, or drop a think
    block from earlier turns as Qwen-3 does), and the first special token after it is the
    end-of-turn token. Tokens from the start through that token are masked.
