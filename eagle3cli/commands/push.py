@@ -11,17 +11,17 @@ from .common import console, fail
 
 
 def push(
-    draft_dir: Path = typer.Argument(..., help="The draft directory (config.json + model.safetensors)."),
-    repo: str = typer.Option(..., "--repo", help="Hub repo to publish to, OWNER/NAME (created if missing)."),
+    draft_dir: Path = typer.Argument(..., metavar="DRAFT_DIR", help="The draft directory (config.json + model.safetensors)."),
+    repo: str = typer.Option(..., "--repo", metavar="OWNER/NAME", help="Hub repo to publish to, OWNER/NAME (created if missing)."),
     private: bool = typer.Option(False, "--private", help="Create the repo private."),
-    branch: Optional[str] = typer.Option(None, "--branch", help="Upload to this branch (created if missing)."),
+    branch: Optional[str] = typer.Option(None, "--branch", metavar="BRANCH", help="Upload to this branch (created if missing)."),
     create_pr: bool = typer.Option(False, "--create-pr", help="Open a pull request against main instead of committing."),
     token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, else your saved login)."),
-    eval_results: List[Path] = typer.Option([], "--eval-results", help="results.json from `eagle3 eval` (repeatable): the card's evaluation table."),
+    eval_results: List[Path] = typer.Option([], "--eval-results", metavar="FILE", help="results.json from `eagle3 eval` (repeatable): the card's evaluation table."),
     dry_run: Optional[Path] = typer.Option(None, "--dry-run", metavar="OUT_DIR", help="Write the folder that would be uploaded to OUT_DIR; upload nothing."),
     commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit message (or pull request title)."),
     license: Optional[str] = typer.Option(None, "--license", help="Licence id for the card (default: the target's, when recorded)."),
-    base_model: Optional[str] = typer.Option(None, "--base-model", help="The target's Hub id, when training recorded a local folder."),
+    base_model: Optional[str] = typer.Option(None, "--base-model", metavar="OWNER/NAME", help="The target's Hub id, when training recorded a local folder."),
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from .. import push as lib
