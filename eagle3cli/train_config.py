@@ -1,0 +1,181 @@
+"""Training configuration: one dataclass, YAML recipes per model family, and their precedence.
+
+Every field of ``TrainConfig`` is at once a CLI flag of ``eagle3 train`` (``lr`` ->
+``--lr``, ``ttt_steps`` -> ``--ttt-steps``) and a key a recipe may set. Values resolve as
+
+    dataclass defaults  <  recipe (--recipe NAME|FILE|auto)  <  flags given on the command line
+
+Recipes are YAML files in the repository's ``recipes/`` folder, shipped inside the package as
+``eagle3cli.recipes`` (which is why this module is not called ``recipes.py``). ``auto`` picks the recipe of the target's ``model_type`` family.
+This module imports neither torch nor transformers (the CLI builds its flags from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# model_type (config.json) -> recipe name.
+FAMILIES = {
+    "llama": "llama",
+    "qwen2": "qwen2", "qwen2_moe": "qwen2",
+    "qwen3": "qwen3", "qwen3_moe": "qwen3",
+    "mistral": "mistral", "mixtral": "mistral", "ministral": "mistral",
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
+    "phi": "phi", "phi3": "phi", "phimoe": "phi",
+}
+META_KEYS = {"description"}  # recipe keys that are not settings
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train on ---
+    data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.")
+    model: str | None = _f(None, "Target model (Hub id or folder); default: the store's target.")
+    out: str = _f("eagle3-draft", "Output folder: the final draft, checkpoints/ and logs.")
+    # --- target loading ---
+    revision: str | None = _f(None, "Hub revision of the target.")
+    dtype: str = _f("auto", "Target dtype: auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")
+    device: str | None = _f(None, "cpu, cuda, cuda:1 ... (default: cuda if available; accelerate's under launch).")
+    load_in_8bit: bool = _f(False, "Load the target 8-bit (online mode; features then differ slightly).")
+    load_in_4bit: bool = _f(False, "Load the target 4-bit (online mode; features then differ slightly).")
+    adapter: str | None = _f(None, "PEFT adapter applied on top of the target.")
+    trust_remote_code: bool = _f(False, "Run the model repo's own code.")
+    chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
+    layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
+    online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
+    # --- draft vocabulary ---
+    draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
+    vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
+    # --- training-time test ---
+    ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
+    step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
+    # --- optimisation ---
+    lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
+    warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    grad_clip: float = _f(0.5, "Gradient norm clip.")
+    max_tokens: int = _f(8192, "Token budget of one micro-batch (padded tokens, per process).")
+    grad_accum: int = _f(1, "Micro-batches per optimizer step.")
+    epochs: int = _f(3, "Passes over the training split.")
+    max_steps: int = _f(0, "Stop after this many optimizer steps (0: no limit; the schedule spans it).")
+    max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
+    seed: int = _f(0, "Seed for initialisation, split and batch order.")
+    val_fraction: float = _f(0.02, "Share of conversations held out and evaluated each epoch.")
+    # --- checkpoints and logging ---
+    save_every: int = _f(500, "Checkpoint every N optimizer steps (and at the end).")
+    keep_checkpoints: int = _f(2, "Keep the last K checkpoints.")
+    resume: bool = _f(False, "Resume from the last checkpoint in --out.")
+    log_every: int = _f(10, "Update the live metrics every N steps.")
+    report_to: str | None = _f(None, "Also log to: tensorboard, wandb (accelerate trackers), comma-separated.")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def field_types() -> dict[str, type]:
+    """Plain type of each field (bool, int, float or str; ``X | None`` -> X)."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        out[f.name] = {"bool": bool, "int": int, "float": float}.get(t.split("|")[0].strip(), str)
+    return out
+
+
+def coerce(key: str, value: Any, source: str) -> Any:
+    """Check/convert one setting to its field's type (YAML reads 1e-4 as a string)."""
+    types = field_types()
+    if key not in types:
+        raise ValueError(f"{source}: unknown setting {key!r} (see `eagle3 train --help`)")
+    if value is None:
+        return None
+    want = types[key]
+    try:
+        if want is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if want is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        return want(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: {key} must be a {want.__name__}, got {value!r}") from None
+
+
+# ---- recipes --------------------------------------------------------------------------------
+
+def _recipe_dir():
+    """Packaged recipes; in a source checkout that is not installed, the repo's recipes/."""
+    try:
+        return files("eagle3cli.recipes")
+    except (ModuleNotFoundError, TypeError):
+        return Path(__file__).resolve().parents[1] / "recipes"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _recipe_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def recipe_for_model_type(model_type: str | None) -> str | None:
+    return FAMILIES.get((model_type or "").lower())
+
+
+def recipe_source(name_or_path: str) -> tuple[str, str]:
+    """(name, YAML text) of a packaged recipe name or a YAML file path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ValueError(f"recipe file {name_or_path} does not exist")
+        return str(path), path.read_text()
+    if name_or_path in recipe_names():
+        return name_or_path, (_recipe_dir() / f"{name_or_path}.yaml").read_text()
+    raise ValueError(f"unknown recipe {name_or_path!r}; choose one of {', '.join(recipe_names())}, "
+                     "auto, none, or a YAML file")
+
+
+def read_recipe(name_or_path: str) -> tuple[str, dict]:
+    """(name, raw mapping) of a recipe."""
+    name, text = recipe_source(name_or_path)
+    raw = yaml.safe_load(text) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"recipe {name}: expected a mapping of settings, got {type(raw).__name__}")
+    return name, raw
+
+
+def load_recipe(name_or_path: str) -> tuple[str, dict]:
+    """(name, validated settings) of a recipe; unknown keys and wrong types are errors."""
+    name, raw = read_recipe(name_or_path)
+    settings = {k: coerce(k, v, f"recipe {name}") for k, v in raw.items() if k not in META_KEYS}
+    return name, settings
+
+
+def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:
+    """defaults < recipe < flags. ``flags`` holds only the flags actually given (None = unset).
+
+    Returns the config and the name of the recipe used (None when none applies).
+    """
+    flags = {k: coerce(k, v, "flag") for k, v in flags.items() if v is not None}
+    settings: dict = {}
+    used = None
+    if recipe and recipe != "none":
+        if recipe == "auto":
+            used = recipe_for_model_type(model_type)
+        else:
+            used = recipe
+        if used is not None:
+            used, settings = load_recipe(used)
+    return TrainConfig(**{**settings, **flags}), used

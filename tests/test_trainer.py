@@ -1,0 +1,270 @@
+"""The trainer on tiny feature stores built here with features.write_shard + target.capture."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3cli.export import METADATA_KEY, read_config
+from eagle3cli.features import shard_name, write_json, write_shard
+from eagle3cli.inspector import inspect_draft
+from eagle3cli.layers import default_layer_ids
+from eagle3cli.target import capture
+from eagle3cli.train_config import TrainConfig
+from eagle3cli.trainer import TrainError, checkpoint_dirs, make_batches, rank_groups, train
+from eagle3cli.vocab import build_vocab, size_for_coverage
+from tiny import save_tiny
+
+REPO = Path(__file__).resolve().parents[1]
+END_IDS = [2, 7]
+# Tiny matmuls on a shared 2-core machine: one thread avoids thread-pool contention (20x here).
+torch.set_num_threads(1)
+
+
+def build_store(root: Path, model_dir: Path, n: int = 24, seed: int = 0, features: bool = True,
+                dtype=torch.bfloat16, per_shard: int = 10, nan_samples=()) -> Path:
+    """A gen-data-format store: random conversations, the last two thirds loss-masked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    cfg = model.config
+    layers = default_layer_ids(cfg.num_hidden_layers)
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(n):
+        length = int(torch.randint(10, 40, (1,), generator=g))
+        ids = torch.randint(0, 200, (length,), generator=g)
+        ids[-1] = END_IDS[i % 2]
+        mask = torch.zeros(length, dtype=torch.bool)
+        mask[length // 3:] = True
+        s = {"input_ids": ids, "loss_mask": mask, "sample_id": i}
+        if features:
+            aux, final = capture(model, ids[None], layers)
+            s["aux"], s["final"] = aux[0], final[0]
+            if i in nan_samples:
+                s["final"] = torch.full_like(s["final"], float("nan"))
+        samples.append(s)
+    for k in range(0, n, per_shard):
+        write_shard(root / "shards" / shard_name(0, k // per_shard), samples[k:k + per_shard], dtype=dtype)
+    try:
+        template = AutoTokenizer.from_pretrained(model_dir).chat_template
+    except Exception:
+        template = None
+    masked = sum(int(s["loss_mask"].sum()) for s in samples)
+    write_json(root / "manifest.json", {
+        "format": "eagle3-features", "version": 1,
+        "target": {"id": str(model_dir), "revision": None, "content_hash": None},
+        "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+        "num_layers": cfg.num_hidden_layers, "layer_ids": list(layers),
+        "features": "offline" if features else "none",
+        "dtype": {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype],
+        "chat_template_hash": hashlib.sha256(template.encode()).hexdigest() if template else None,
+        "max_length": 64, "num_samples": n, "num_tokens": sum(s["input_ids"].numel() for s in samples),
+        "num_masked_tokens": masked, "bytes": 0, "truncated": 0, "skipped": {},
+        "end_token_ids": END_IDS, "source": {"dataset": "test/random"},
+    })
+    return root
+
+
+def peaky_target(path: Path, tokenizer_dir: Path, seed: int = 0, **kw) -> Path:
+    """A tiny Llama whose LM head only favours ids < 200 (the ids the data uses), sharply, so the
+    teacher has structure and its argmax lies inside the draft vocab."""
+    from transformers import AutoModelForCausalLM
+
+    save_tiny(path, "llama", tokenizer_dir=tokenizer_dir, seed=seed, **{"hidden_size": 64, "intermediate_size": 128, **kw})
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight[200:] = 0
+        model.lm_head.weight[:200] *= 30
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def target_dir(smol_tiny_dir, tmp_path_factory):
+    return peaky_target(tmp_path_factory.mktemp("target"), smol_tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, target_dir):
+    return build_store(tmp_path_factory.mktemp("store"), target_dir)
+
+
+def config(store, target_dir, out, **kw) -> TrainConfig:
+    base = dict(data=str(store), model=str(target_dir), out=str(out), draft_vocab_size="256", ttt_steps=3,
+                lr=3e-3, max_tokens=160, epochs=2, val_fraction=0.2, save_every=1000, log_every=1, seed=0,
+                warmup_ratio=0.0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(draft) -> dict:
+    return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+
+# ---- draft vocabulary ------------------------------------------------------------------------
+
+def test_vocab_fixed_size_keeps_end_tokens_and_frequency_order():
+    counts = torch.zeros(20, dtype=torch.long)
+    counts[[3, 5, 9, 11, 12]] = torch.tensor([50, 40, 30, 20, 10])
+    v = build_vocab(counts, 4, end_token_ids=[17])
+    assert v.ids.tolist() == [3, 5, 9, 17]  # the least frequent pick makes room for the end token
+    assert abs(v.coverage - 120 / 150) < 1e-12
+    assert build_vocab(counts, 100, end_token_ids=[]).size == 20  # capped at the target vocab
+
+
+def test_vocab_auto_is_smallest_size_reaching_coverage():
+    counts = torch.tensor([0, 60, 0, 30, 9, 1])
+    assert size_for_coverage(counts, 0.9) == 2
+    assert size_for_coverage(counts, 0.99) == 3
+    assert size_for_coverage(counts, 1.0) == 4
+    v = build_vocab(counts, "auto", 0.9, end_token_ids=[5])
+    assert v.ids.tolist() == [1, 3, 5]
+
+
+def test_batches_respect_budget_and_split_ranks():
+    lengths = [5, 30, 12, 7, 30, 3, 18, 9]
+    batches = make_batches(list(range(8)), lengths, 40, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    assert all(len(b) * max(lengths[i] for i in b) <= 40 or len(b) == 1 for b in batches)
+    assert batches == make_batches(list(range(8)), lengths, 40, seed=1, epoch=0)
+    g0, g1 = rank_groups(batches, 2, 0, 2), rank_groups(batches, 2, 1, 2)
+    assert len(g0) == len(g1) and not {i for g in g0 for b in g for i in b} & {i for g in g1 for b in g for i in b}
+
+
+# ---- training -------------------------------------------------------------------------------
+
+def test_loss_decreases_and_export_passes_inspect(store, target_dir, tmp_path):
+    res = train(config(store, target_dir, tmp_path / "run", epochs=4), quiet=True)
+    losses = [h["loss"] for h in res.history if "acc" in h]
+    assert len(losses) == res.step >= 8
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses
+    val = [h["val"] for h in res.history if "val" in h]
+    assert len(val) == 4 and val[-1]["loss"][0] < val[0]["loss"][0]
+    out = tmp_path / "run"
+    assert inspect_draft(out).ok
+    cfg = read_config(out)
+    meta = cfg[METADATA_KEY]
+    for key in ("target", "target_revision", "chat_template_hash", "layer_ids", "data", "num_samples",
+                "num_tokens", "steps", "epochs", "ttt_steps", "step_decay", "lr", "draft_vocab_size",
+                "vocab_coverage", "recipe", "eagle3_version", "metrics", "datasets", "created"):
+        assert key in meta, key
+    assert meta["steps"] == res.step and meta["ttt_steps"] == 3 and len(meta["metrics"]["acc"]) == 3
+    assert cfg["draft_vocab_size"] == 256 and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    t = load_file(str(out / "model.safetensors"))
+    vocab = (torch.arange(256) + t["d2t"]).tolist()
+    assert vocab == sorted(vocab) and set(END_IDS) <= set(vocab) and t["t2d"][vocab].all()
+
+
+def test_resume_is_bit_identical(store, target_dir, tmp_path):
+    full = train(config(store, target_dir, tmp_path / "full", save_every=3, val_fraction=0.0), quiet=True)
+    cut = config(store, target_dir, tmp_path / "cut", save_every=3, val_fraction=0.0)
+    part = train(cut, quiet=True, stop_after=5)  # the work of steps 4-5 is lost, like a crash
+    assert part.stopped and [p.name for p in checkpoint_dirs(tmp_path / "cut")] == ["step-00000003"]
+    resumed = train(replace(cut, resume=True), quiet=True)
+    assert resumed.step == full.step > 5
+    a, b = weights(full.draft), weights(resumed.draft)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["fc.weight"], weights(part.draft)["fc.weight"])
+
+
+def test_resume_refuses_changed_settings_and_existing_checkpoints(store, target_dir, tmp_path):
+    cfg = config(store, target_dir, tmp_path / "r", save_every=2, val_fraction=0.0)
+    train(cfg, quiet=True, stop_after=2)
+    with pytest.raises(TrainError, match="already holds checkpoints"):
+        train(cfg, quiet=True)
+    with pytest.raises(TrainError, match="lr was 0.003"):
+        train(replace(cfg, resume=True, lr=1e-3), quiet=True)
+
+
+def test_online_equals_offline_on_identical_features(tmp_path, target_dir):
+    """An fp32 offline store and the online target capture feed the trainer the same numbers."""
+    offline = build_store(tmp_path / "f32", target_dir, n=12, dtype=torch.float32)
+    tokens = build_store(tmp_path / "tok", target_dir, n=12, features=False)
+    a = train(config(offline, target_dir, tmp_path / "a", epochs=1, val_fraction=0.0), quiet=True)
+    b = train(config(tokens, target_dir, tmp_path / "b", epochs=1, val_fraction=0.0, online=True), quiet=True)
+    assert a.step == b.step >= 2
+    for k, v in weights(a.draft).items():
+        torch.testing.assert_close(v, weights(b.draft)[k], atol=1e-5, rtol=1e-4)
+    with pytest.raises(TrainError, match="--online"):
+        train(config(tokens, target_dir, tmp_path / "c"), quiet=True)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, target_dir):
+    bad = build_store(tmp_path / "nan", target_dir, n=24, nan_samples=range(12, 24))
+    res = train(config(bad, target_dir, tmp_path / "run", save_every=1, val_fraction=0.0, max_tokens=40),
+                quiet=True)
+    assert res.stopped and "NaN" in res.stopped
+    ckpts = checkpoint_dirs(tmp_path / "run")
+    assert ckpts and int(ckpts[-1].name.split("-")[1]) == res.step
+    assert all(torch.isfinite(v).all() for v in load_file(str(ckpts[-1] / "model.safetensors")).values()
+               if v.is_floating_point())
+    assert not (tmp_path / "run" / "model.safetensors").exists()  # no draft exported from a failed run
+
+
+# ---- refusing a store made for something else --------------------------------------------------
+
+def test_mismatched_store_is_refused(store, target_dir, tmp_path):
+    other = peaky_target(tmp_path / "other", target_dir, seed=1)
+    with pytest.raises(TrainError, match="another target or revision"):
+        train(config(store, other, tmp_path / "a"), quiet=True)
+    wider = peaky_target(tmp_path / "wider", target_dir, hidden_size=96)
+    with pytest.raises(TrainError, match="hidden_size 64, this target has 96"):
+        train(config(store, wider, tmp_path / "b"), quiet=True)
+    with pytest.raises(TrainError, match=r"holds layers \(2, 4, 5\), --layers asks for \(1, 4, 5\)"):
+        train(config(store, target_dir, tmp_path / "c", layers="1,4,5"), quiet=True)
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(TrainError, match="another chat template"):
+        train(config(store, target_dir, tmp_path / "d", chat_template=str(tpl)), quiet=True)
+
+
+def test_cli_refuses_mismatch_with_one_line(store, tmp_path, target_dir):
+    r = subprocess.run([sys.executable, "-m", "eagle3cli.cli", "train", "--data", str(store), "--model",
+                        str(target_dir), "--out", str(tmp_path / "o"), "--layers", "1,4,5"],
+                       capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "holds layers (2, 4, 5)" in lines[0]
+
+
+# ---- two processes ---------------------------------------------------------------------------
+
+DDP_SCRIPT = """
+import sys, torch
+from safetensors.torch import save_file
+from eagle3cli.train_config import TrainConfig
+from eagle3cli.trainer import train
+from accelerate import PartialState
+data, model, out = sys.argv[1:4]
+res = train(TrainConfig(data=data, model=model, out=out, draft_vocab_size="256", ttt_steps=2, lr=3e-3,
+                        max_tokens=160, epochs=1, val_fraction=0.2, log_every=1, warmup_ratio=0.0), quiet=True)
+rank = PartialState().process_index
+save_file({k: v.contiguous() for k, v in res.draft.state_dict().items()}, f"{out}/rank{rank}.safetensors")
+print("WORLD", PartialState().num_processes, "STEPS", res.step)
+"""
+
+
+def test_two_process_ddp_ranks_agree(store, target_dir, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "ddp"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", "29517", str(script), str(store), str(target_dir), str(out)],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "WORLD 2" in r.stdout
+    w0, w1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    single = train(config(store, target_dir, tmp_path / "one", ttt_steps=2, epochs=1), quiet=True)
+    assert not torch.equal(single.draft.state_dict()["fc.weight"], w0["fc.weight"])  # ranks saw half the batches each
+    assert inspect_draft(out).ok
