@@ -113,7 +113,7 @@ def coerce(key: str, value: Any, source: str) -> Any:
             raise TypeError
         return want(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{source}: {key} must be a {want.__name__}, got {value!r}") from None
+        raise ValueError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
 
 
 # ---- recipes --------------------------------------------------------------------------------
