@@ -77,7 +77,24 @@ def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bflo
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "eagle3-features",
                                                                                     "version": str(FORMAT_VERSION)})
+    _canonical_header(tmp)
     os.replace(tmp, path)
+
+
+def _canonical_header(path: Path):
+    """Rewrite a safetensors header with sorted keys, in place and at the same length.
+
+    safetensors serialises ``__metadata__`` from a hash map, so its key order changes from one
+    process to the next; sorting it makes a shard's bytes a function of its content alone
+    (a resumed run then writes files bit-identical to an uninterrupted one).
+    """
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        canon = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+        if len(canon) <= n:
+            f.seek(8)
+            f.write(canon + b" " * (n - len(canon)))
 
 
 class FeatureStore:
