@@ -87,8 +87,16 @@ def resolve_target(config: dict, base_model: str | None = None) -> str:
         raise PushError("the draft's config.json records no target model; pass --base-model OWNER/NAME")
     if not is_hub_id(target):
         raise PushError(f"the draft was trained on the local folder {target}; pass --base-model OWNER/NAME "
-                        "(its Hub id) so the card and the serving commands name it")
+                        f"(its Hub id{_hub_id_hint(target)}) so the card and the serving commands name it")
     return target
+
+
+def _hub_id_hint(folder: str) -> str:
+    # The real models that eagle3 converts from PyPI wheels (realmodels.py) land in a folder named
+    # after the Hub model; say which id that is, but let the user confirm it.
+    from .realmodels import SMOLLM2_HUB_ID, SMOLLM2_NAME
+
+    return f", probably {SMOLLM2_HUB_ID}" if Path(folder).name == SMOLLM2_NAME else ""
 
 
 def load_eval_results(paths, target: str, config: dict) -> list[dict]:

@@ -196,11 +196,12 @@ def test_card_without_eval_results_or_license(tmp_path):
 
 
 def test_local_target_needs_base_model(tmp_path):
-    local = tmp_path / "models" / "smol"
+    local = tmp_path / "models" / "SmolLM2-135M-Instruct"  # where realmodels converts it
     local.mkdir(parents=True)
     d = make_draft(tmp_path / "d", metadata={**METADATA, "target": str(local)})
     res, text = cli(d, "--repo", REPO, "--dry-run", tmp_path / "o")
     assert res.exit_code == 1 and "pass --base-model" in text and not (tmp_path / "o").exists()
+    assert f"probably {TARGET}" in text
     res, _ = cli(d, "--repo", REPO, "--base-model", TARGET, "--dry-run", tmp_path / "o")
     assert res.exit_code == 0, res.output
     assert f"vllm serve {TARGET} " in (tmp_path / "o" / "README.md").read_text()
