@@ -149,9 +149,13 @@ def training_rows(meta: dict) -> list[tuple[str, str]]:
     add("Recipe", "recipe")
     add("Vocabulary coverage of training tokens", "vocab_coverage",
         lambda x: f"{100 * x:.2f}%" if isinstance(x, (int, float)) else str(x))
-    acc = (meta.get("metrics") or {}).get("acc")
-    if acc:
-        rows.append(("Final top-1 agreement per TTT step", ", ".join(_num(a, ".3f") for a in acc)))
+    add("Target features", "mode", lambda x: {"offline": "offline (precomputed)", "online": "online"}.get(x, x))
+    metrics = meta.get("metrics") or {}
+    where = " (held-out)" if metrics.get("split") == "held-out" else ""
+    if metrics.get("acc"):
+        rows.append((f"Final top-1 agreement per TTT step{where}", ", ".join(_num(a, ".3f") for a in metrics["acc"])))
+    if isinstance(metrics.get("tau_sim"), (int, float)):
+        rows.append((f"Acceptance length simulated from those{where}", f"{metrics['tau_sim']:.2f}"))
     add("Note", "note")
     add("Chat template (sha256)", "chat_template_hash", lambda x: f"`{str(x)[:16]}…`")
     add("eagle3 version", "eagle3_version")
