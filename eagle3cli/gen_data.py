@@ -221,7 +221,7 @@ def data_fingerprint(data: str) -> str | None:
     return None
 
 
-def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int):
+def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: int = 1):
     """Start, resume or (with overwrite) replace a store; refuse to mix different runs."""
     mpath = out / MANIFEST
     existing = [p for p in out.iterdir()] if out.is_dir() else []
@@ -237,7 +237,8 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int):
         return "resume"
     if existing and overwrite:
         # Only what gen-data writes, and for a multi-rank run only this rank's own shards.
-        for p in (out / SHARD_DIR).glob(f"shard-{rank:02d}-*") if (out / SHARD_DIR).is_dir() else []:
+        pattern = "shard-*" if world == 1 else f"shard-{rank:02d}-*"
+        for p in (out / SHARD_DIR).glob(pattern) if (out / SHARD_DIR).is_dir() else []:
             p.unlink()
         if rank == 0:
             shutil.rmtree(out / REGEN_DIR, ignore_errors=True)
@@ -541,7 +542,7 @@ class Pipeline:
             return None
         self.out = Path(o.out)
         settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data))
-        mode = prepare_out(self.out, settings, o.overwrite, self.rank)
+        mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
         base = self.base_manifest(settings)
         n_shards = -(-len(self.convs) // o.shard_size)
         mine = [s for s in range(n_shards) if s % self.world == self.rank]
