@@ -1,0 +1,459 @@
+"""Lossless speculative decoding with an EAGLE-3 draft, for any Hugging Face causal LM.
+
+One cycle (gpt-fast style, everything below is the whole algorithm):
+
+    root  = the last accepted token (the target has not seen it yet)
+    tree  = draft a tree (EAGLE-2 dynamic tree) or a chain below root         -> tree.py
+    out   = ONE target forward over [root, tree nodes] with a tree attention mask
+            and position ids = prefix length + node depth, on the target's DynamicCache
+    path  = accepted nodes: greedy (temperature 0) or multi-candidate rejection sampling
+    bonus = the target's own token after the last accepted node
+    keep only [root, path] in the target cache (gather, no re-prefill); feed the target's
+    hidden states of [root, path] to the drafter; bonus becomes the next root.
+
+Drafter protocol (the EAGLE-3 draft implements it here; tests plug in an oracle):
+
+    begin(input_ids)                     start a new sequence from the prompt [1, L]
+    observe(next_tokens, hidden_states)  verified positions just processed by the target:
+                                         hidden_states[j] [1,n,Ht] and the token that follows
+                                         each of them; returns log q [V] for the token after
+                                         the last one (the root's children)
+    expand(tree, nodes) -> log q [m, V]  children distributions of the given tree nodes
+    rollback()                           forget everything drafted since the last observe
+
+log q is always over the TARGET vocabulary (-inf outside the draft vocab).
+
+Losslessness. Temperature 0: a node is accepted iff it is the target's argmax, so the output
+is greedy decoding token for token. Temperature > 0: at each accepted node the children, drawn
+from q without replacement, are tried in order: accept child x with probability
+min(1, p(x)/q(x)); on rejection p <- norm(max(p - q, 0)) and x is removed from q; if all are
+rejected the bonus is drawn from the final p. By induction each step outputs exactly p.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from .layers import text_config
+from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
+
+
+class Drafter(Protocol):
+    def begin(self, input_ids: torch.Tensor) -> None: ...
+    def observe(self, next_tokens: torch.Tensor, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor: ...
+    def expand(self, tree: Tree, nodes: list[int]) -> torch.Tensor: ...
+    def rollback(self) -> None: ...
+
+
+class UnsupportedTarget(ValueError):
+    """The target cannot be verified with a tree mask through its plain HF forward."""
+
+
+class ContextTooLong(ValueError):
+    """The prompt does not fit the target's context."""
+
+
+# --------------------------------------------------------------------------------------
+# The EAGLE-3 draft as a drafter
+# --------------------------------------------------------------------------------------
+class EagleDrafter:
+    """Wraps ``Eagle3Draft``: its own KV cache of the verified prefix plus drafted nodes.
+
+    Cache entry t pairs the target's fused features g_t with token t+1, at position t
+    (DESIGN.md 6). A drafted node at depth d pairs its token with its parent's output stream
+    a, at position (prefix - 1) + d, and attends to the verified prefix and its ancestors.
+    """
+
+    def __init__(self, draft):
+        from .draft import KVCache
+
+        self.draft = draft
+        self.layer_ids = tuple(draft.config.aux_layer_ids)
+        self.vocab = draft.config.vocab_size
+        self.target_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
+        self._kvcache = KVCache
+        self.begin(None)
+
+    def begin(self, input_ids=None):
+        self.cache = self._kvcache()
+        self.verified = 0  # cache entries of verified pairs
+        self.root_a = None
+        self.node_a: dict[int, torch.Tensor] = {}
+        self.node_slot: dict[int, int] = {}
+
+    def _logq(self, a: torch.Tensor) -> torch.Tensor:
+        lp = torch.log_softmax(self.draft.logits(a).float(), dim=-1)
+        out = torch.full((a.shape[0], self.vocab), float("-inf"), device=a.device)
+        out[:, self.target_ids] = lp
+        return out
+
+    def observe(self, next_tokens, hidden_states):
+        self.rollback()
+        aux = torch.cat([hidden_states[j] for j in self.layer_ids], dim=-1)
+        g = self.draft.fuse(aux)
+        n = next_tokens.shape[-1]
+        pos = torch.arange(self.verified, self.verified + n, device=g.device)[None]
+        a = self.draft.step(next_tokens.view(1, n).to(g.device), g, pos, self.cache)
+        self.verified += n
+        self.root_a = a[0, -1]
+        return self._logq(a[0, -1:])[0]
+
+    def expand(self, tree, nodes):
+        dev = self.root_a.device
+        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)[None]
+        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])[None]
+        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)[None]
+        past, m = len(self.cache), len(nodes)
+        mask = torch.zeros(m, past + m, dtype=torch.bool, device=dev)
+        mask[:, : self.verified] = True
+        for row, i in enumerate(nodes):
+            mask[row, past + row] = True
+            p = tree.parents[i]
+            while p > 0:  # the root's own entry is the last verified pair
+                mask[row, self.node_slot[p]] = True
+                p = tree.parents[p]
+        a = self.draft.step(tokens, hidden, pos, self.cache, attn_mask=mask[None, None])
+        for row, i in enumerate(nodes):
+            self.node_a[i] = a[0, row]
+            self.node_slot[i] = past + row
+        return self._logq(a[0])
+
+    def rollback(self):
+        self.cache.crop(self.verified)
+        self.node_a.clear()
+        self.node_slot.clear()
+
+
+def as_drafter(draft) -> Drafter:
+    return draft if hasattr(draft, "observe") else EagleDrafter(draft)
+
+
+# --------------------------------------------------------------------------------------
+# Settings, results, checks
+# --------------------------------------------------------------------------------------
+@dataclass
+class SpecSettings:
+    mode: str = "tree"  # tree | chain
+    total_tokens: int = 60  # tree: drafted nodes verified per cycle
+    depth: int = 8  # tree: drafting levels
+    top_k: int = 10  # tree: branching per expanded node
+    steps: int = 3  # chain: drafted tokens per cycle
+    temperature: float = 0.0
+    top_p: float = 1.0
+    sampling_top_k: int = 0  # 0 = off
+    max_new_tokens: int = 512
+
+    def shape(self) -> tuple[int, int, int]:
+        """(total_tokens, depth, top_k) of the tree actually drafted."""
+        if self.mode == "chain":
+            return self.steps, self.steps, 1
+        if self.mode != "tree":
+            raise ValueError(f"mode must be 'tree' or 'chain', got {self.mode!r}")
+        return self.total_tokens, self.depth, self.top_k
+
+
+@dataclass
+class SpecOutput:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    prompt_len: int
+    accept_lengths: list[int] = field(default_factory=list)  # per cycle: accepted drafts + bonus
+    drafted: list[int] = field(default_factory=list)  # per cycle: depth of the drafted tree
+    decode_tokens: int = 0  # tokens emitted by verification forwards (the first comes from prefill)
+    forwards: int = 0  # target forwards in decoding (verifications)
+    times: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "bookkeeping": 0.0})
+    stop_reason: str = "length"
+    accepted_ranks: list[list[int]] = field(default_factory=list)  # per cycle: EAGLE-2 ranks of the path
+    cache: object = field(default=None, repr=False)  # the target's cache at the end (tests)
+
+    @property
+    def tau(self) -> float:
+        return self.decode_tokens / self.forwards if self.forwards else float("nan")
+
+
+def check_supported(config, total_len: int | None = None):
+    """Refuse targets whose sliding-window layers a tree mask cannot serve (DESIGN.md 8)."""
+    cfg = text_config(config)
+    types = getattr(cfg, "layer_types", None) or []
+    window = getattr(cfg, "sliding_window", None)
+    name = getattr(cfg, "model_type", type(cfg).__name__)
+    if any("sliding" in str(t) for t in types):
+        raise UnsupportedTarget(
+            f"{name} has sliding-window attention layers: tree verification through the plain HF forward "
+            "would attend past their window; speculative decoding of this architecture is not supported yet"
+        )
+    uses = getattr(cfg, "use_sliding_window", True)
+    if window and uses and total_len is not None and total_len > window:
+        raise UnsupportedTarget(
+            f"{name} uses a {window}-token sliding window and this generation needs {total_len} positions: "
+            "tree verification cannot apply the window; use shorter prompts or --max-new-tokens"
+        )
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The target's sampling distribution: temperature, then top-k, then top-p (as HF applies them)."""
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        srt, idx = logits.sort(dim=-1)
+        cum = srt.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[..., -1] = False  # keep at least one
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return logits.softmax(-1)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def eos_ids(model, eos_token_id=None) -> set[int]:
+    ids = eos_token_id
+    if ids is None:
+        gc = getattr(model, "generation_config", None)
+        ids = getattr(gc, "eos_token_id", None) if gc is not None else None
+        if ids is None:
+            ids = getattr(text_config(model.config), "eos_token_id", None)
+    if ids is None:
+        return set()
+    return {int(i) for i in ([ids] if isinstance(ids, int) else ids)}
+
+
+# --------------------------------------------------------------------------------------
+# Acceptance
+# --------------------------------------------------------------------------------------
+def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Follow the target's argmax down the tree: (accepted nodes, bonus token)."""
+    choice = logits.argmax(-1).tolist()
+    path, cur = [], 0
+    while True:
+        nxt = next((c for c in tree.children[cur] if tree.tokens[c] == choice[cur]), None)
+        if nxt is None:
+            return path, choice[cur]
+        path.append(nxt)
+        cur = nxt
+
+
+def accept_sampling(tree: Tree, probs: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
+    """Recursive multi-candidate rejection sampling; probs [n, V] is the target's p per node."""
+    path, cur = [], 0
+    while True:
+        p = probs[cur]
+        kids = tree.children[cur]
+        q = tree.q[cur].clone() if kids else None
+        nxt = None
+        for c in kids:
+            x = tree.tokens[c]
+            # accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q
+            if torch.rand((), generator=gen, device=p.device) * q[x] < p[x]:
+                nxt = c
+                break
+            residual = (p - q).clamp_(min=0)
+            s = residual.sum()
+            p = residual / s if s > 0 else p  # s == 0 only if p == q, where rejection cannot happen
+            q[x] = 0
+            qs = q.sum()
+            if qs <= 0:
+                break
+            q = q / qs
+        if nxt is None:
+            return path, int(torch.multinomial(p, 1, generator=gen))
+        path.append(nxt)
+        cur = nxt
+
+
+def keep_cache(cache, past: int, keep: torch.Tensor):
+    """Keep the prefix and the tree entries ``keep`` (indices into the tree) in every layer."""
+    idx = torch.cat([torch.arange(past, device=keep.device), past + keep])
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        i = idx.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, i)
+        layer.values = layer.values.index_select(-2, i)
+
+
+def forward(target, input_ids, cache, **kw):
+    return target(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True, return_dict=True, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------
+@torch.no_grad()
+def speculative_generate(
+    target,
+    draft,
+    input_ids: torch.Tensor,
+    settings: SpecSettings | None = None,
+    *,
+    eos_token_id=None,
+    stop_strings: Sequence[str] = (),
+    tokenizer=None,
+    seed: int | None = None,
+    **overrides,
+) -> SpecOutput:
+    """Generate from ``input_ids`` [1, L] with draft-and-verify; lossless w.r.t. the target.
+
+    ``draft`` is an ``Eagle3Draft`` or any object implementing the Drafter protocol.
+    Keyword ``overrides`` set SpecSettings fields (mode=, total_tokens=, temperature=, ...).
+    """
+    from transformers import DynamicCache
+
+    s = settings or SpecSettings()
+    if overrides:
+        s = SpecSettings(**{**s.__dict__, **overrides})
+    total, depth, top_k = s.shape()
+    sampling = s.temperature > 0
+    drafter = as_drafter(draft)
+    dev = input_ids.device
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed if seed is not None else torch.seed() % 2**63)
+    L = input_ids.shape[1]
+    max_pos = getattr(text_config(target.config), "max_position_embeddings", None) or 10**9
+    if L >= max_pos:
+        raise ContextTooLong(f"prompt of {L} tokens does not fit the target's context of {max_pos}")
+    check_supported(target.config, min(L + s.max_new_tokens + depth + 1, max_pos))
+    stops = eos_ids(target, eos_token_id)
+    res = SpecOutput(tokens=[], prompt_len=L)
+    times = res.times
+
+    def pick(logits):
+        if not sampling:
+            return int(logits.argmax(-1))
+        return int(torch.multinomial(target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), 1, generator=gen))
+
+    def finished() -> bool:
+        """Apply EOS / stop strings / max_new_tokens to res.tokens (truncating); True if done."""
+        for i, t in enumerate(res.tokens):
+            if t in stops:
+                del res.tokens[i + 1:]
+                res.stop_reason = "eos"
+                return True
+        if stop_strings and tokenizer is not None and _cut_at_stop(res, tokenizer, stop_strings):
+            return True
+        if len(res.tokens) >= s.max_new_tokens:
+            del res.tokens[s.max_new_tokens:]
+            res.stop_reason = "length"
+            return True
+        return False
+
+    # Prefill: the prompt through the target; its hidden states seed the drafter.
+    t0 = time.perf_counter()
+    cache = res.cache = DynamicCache(config=target.config)
+    out = forward(target, input_ids, cache, logits_to_keep=1)
+    root = pick(out.logits[0, -1])
+    res.tokens.append(root)
+    _sync(dev)
+    times["prefill"] += time.perf_counter() - t0
+    if finished():
+        return res
+    t0 = time.perf_counter()
+    drafter.begin(input_ids)
+    logq = drafter.observe(torch.cat([input_ids[0, 1:], input_ids.new_tensor([root])]), out.hidden_states)
+    past = L
+    _sync(dev)
+    times["draft"] += time.perf_counter() - t0
+
+    while True:
+        # 1. Draft a tree below the root (never past the context).
+        t0 = time.perf_counter()
+        d = min(depth, max_pos - past - 1)
+        if d < 1:
+            res.stop_reason = "context"
+            break
+        if sampling:
+            tree = build_sampled_tree(drafter, root, logq, min(total, d * top_k), d, top_k, s.temperature, gen)
+        else:
+            tree = build_greedy_tree(drafter, root, logq, total, d, top_k)
+        _sync(dev)
+        t1 = time.perf_counter()
+        # 2. Verify the whole tree in one target forward.
+        ids = torch.tensor(tree.tokens, device=dev)[None]
+        pos = (past + torch.tensor(tree.depths, device=dev))[None]
+        out = forward(target, ids, cache, attention_mask=verify_mask(tree, past, dev), position_ids=pos)
+        logits = out.logits[0]
+        _sync(dev)
+        t2 = time.perf_counter()
+        # 3. Accept, keep the accepted path in the target cache.
+        if sampling:
+            path, bonus = accept_sampling(tree, target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), gen)
+        else:
+            path, bonus = accept_greedy(tree, logits)
+        keep = torch.tensor([0] + path, device=dev)
+        keep_cache(cache, past, keep)
+        new = [tree.tokens[i] for i in path] + [bonus]
+        res.forwards += 1
+        res.accept_lengths.append(len(new))
+        res.drafted.append(max(tree.depths))
+        if tree.ranks:
+            res.accepted_ranks.append([tree.ranks[i] for i in path])
+        before = len(res.tokens)
+        res.tokens.extend(new)
+        done = finished()
+        res.decode_tokens += len(res.tokens) - before
+        past += len(keep)
+        root = bonus
+        t3 = time.perf_counter()
+        times["draft"] += t1 - t0
+        times["verify"] += t2 - t1
+        times["bookkeeping"] += t3 - t2
+        if done:
+            break
+        # 4. The drafter sees the target's features of the accepted positions.
+        t0 = time.perf_counter()
+        hs = [h[:, keep] for h in out.hidden_states]
+        logq = drafter.observe(torch.tensor(new, device=dev), hs)
+        _sync(dev)
+        times["draft"] += time.perf_counter() - t0
+    drafter.rollback()
+    return res
+
+
+def _cut_at_stop(res: SpecOutput, tokenizer, stop_strings) -> bool:
+    """Truncate right after the first token that completes a stop string (as HF generate does)."""
+    text = tokenizer.decode(res.tokens)
+    if not any(st in text for st in stop_strings):
+        return False
+    for k in range(1, len(res.tokens) + 1):
+        if any(st in tokenizer.decode(res.tokens[:k]) for st in stop_strings):
+            del res.tokens[k:]
+            res.stop_reason = "stop_string"
+            return True
+    return False
+
+
+@torch.no_grad()
+def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """Plain greedy decoding, one token per forward (the reference for the lossless tests)."""
+    from transformers import DynamicCache
+
+    stops = eos_ids(target, eos_token_id)
+    cache = DynamicCache(config=target.config)
+    out = target(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    toks = []
+    while True:
+        t = int(out.logits[0, -1].argmax())
+        toks.append(t)
+        if t in stops or len(toks) >= max_new_tokens:
+            return toks
+        out = target(input_ids=input_ids.new_tensor([[t]]), cache=cache, use_cache=True)
+
+
+def n_alpha(outputs: Sequence[SpecOutput], max_n: int | None = None) -> list[float | None]:
+    """DESIGN.md 6: alpha_n = P(drafted token n+1 accepted | the first n were accepted), chain runs."""
+    cycles = [(a - 1, k) for o in outputs for a, k in zip(o.accept_lengths, o.drafted)]
+    if not cycles:
+        return []
+    top = max(k for _, k in cycles) if max_n is None else max_n
+    out = []
+    for n in range(top):
+        tried = [acc for acc, k in cycles if k > n and acc >= n]
+        out.append(sum(acc > n for acc in tried) / len(tried) if tried else None)
+    return out
