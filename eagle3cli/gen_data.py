@@ -606,6 +606,9 @@ class Pipeline:
                 rate["conv"] += len(convs)
                 rate["tok"] += stats["num_tokens"]
                 progress.update(task, advance=len(convs), description=f"shard {s} done", rates=rates())
+                if not self.console.is_terminal:  # logs get a line per shard (no live bar there)
+                    self.console.print(f"shard {s}: {stats['num_samples']} samples, {stats['num_tokens']:,} tokens"
+                                       f"; {rates()}", highlight=False)
                 write_manifest(self.out, base, n_shards)
         self.throughput = dict(rate, seconds=time.perf_counter() - rate["t0"])
 
