@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -195,7 +196,8 @@ def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, bas
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the destination, then swap: a failed build never leaves half a folder.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to OUT_DIR
     try:
         files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model)
         if out.exists():

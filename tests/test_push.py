@@ -93,6 +93,9 @@ def dry(draft_dir, results_file, tmp_path_factory):
 def test_dry_run_folder_is_exactly_the_repo(dry, draft_dir):
     out, _ = dry
     assert sorted(p.name for p in out.iterdir()) == FILES
+    plain = out.parent / "plain"
+    plain.mkdir(exist_ok=True)
+    assert out.stat().st_mode == plain.stat().st_mode  # an ordinary folder (umask), not a private temp dir
     assert (out / "config.json").read_bytes() == (draft_dir / "config.json").read_bytes()
     assert (out / "model.safetensors").read_bytes() == (draft_dir / "model.safetensors").read_bytes()
     cfg = json.loads((out / "config.json").read_text())
