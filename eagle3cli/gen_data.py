@@ -299,7 +299,7 @@ def write_manifest(out: Path, base: dict, n_shards: int) -> dict:
 def _read_regenerated(path: Path) -> tuple[list[Conversation | None], dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     stats = json.loads(path.with_suffix(".stats.json").read_text())
-    return [Conversation(r["id"], r["messages"]) if r.get("messages") else None for r in rows], stats
+    return [None if "rejected" in r else Conversation(r["id"], r["messages"]) for r in rows], stats
 
 
 def _write_regenerated(path: Path, convs: list[Conversation], results: list, stats: dict):
@@ -472,7 +472,7 @@ class Pipeline:
                    "generated_tokens": stats.generated_tokens,
                    "rejected": {str(convs[i].id): r for i, r in stats.rejected.items()}}
         _write_regenerated(path, convs, results, stats_d)
-        return [Conversation(c.id, m) if m else None for c, m in zip(convs, results)], stats_d
+        return [Conversation(c.id, m) if m is not None else None for c, m in zip(convs, results)], stats_d
 
     def process_shard(self, index: int, convs: list[Conversation], status) -> dict:
         import torch
@@ -486,6 +486,9 @@ class Pipeline:
             convs = [r for r in regen if r is not None]
         samples, truncated, ends = [], 0, set()
         for c in convs:
+            if o.regenerate and not any(m["role"] == "assistant" for m in c.messages):
+                skipped["first prompt reaches --max-length"] += 1
+                continue
             try:
                 s, cut = build_sample(self.tokenizer, c, o.max_length)
             except MaskError as e:

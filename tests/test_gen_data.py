@@ -354,3 +354,10 @@ def test_real_endpoint_20_conversations(tmp_path):
              for line in p.read_text().splitlines()]
     assert all(m["content"].strip() for r in regen for m in r["messages"] if m["role"] == "assistant")
     assert FeatureStore(tmp_path / "s")[0]["aux"].shape[-1] == 3 * man["hidden_size"]
+
+
+def test_prompts_longer_than_max_length_are_not_answered(smol_tiny_dir, data_file, tmp_path):
+    """The prompts render to 42+ tokens: with --max-length 40 nothing is generated, all counted."""
+    man = run(options(tmp_path / "s", data_file, max_length=40, features="none"), TargetSpec(str(smol_tiny_dir)))
+    assert man["num_samples"] == 0 and man["skipped"] == {"first prompt reaches --max-length": 6}
+    assert man["source"]["regeneration"] == {"answers": 0, "cut": 0, "dropped_turns": 9, "generated_tokens": 0}
