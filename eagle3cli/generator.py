@@ -167,6 +167,7 @@ class SpecOutput:
     times: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "bookkeeping": 0.0})
     stop_reason: str = "length"
     accepted_ranks: list[list[int]] = field(default_factory=list)  # per cycle: EAGLE-2 ranks of the path
+    rank_depths: list[list[int]] = field(default_factory=list, repr=False)  # per cycle, for --tree auto
     cache: object = field(default=None, repr=False)  # the target's cache at the end (tests)
 
     @property
@@ -394,6 +395,7 @@ def speculative_generate(
         res.drafted.append(max(tree.depths))
         if tree.ranks:
             res.accepted_ranks.append([tree.ranks[i] for i in path])
+            res.rank_depths.append(tree.rank_depths)
         before = len(res.tokens)
         res.tokens.extend(new)
         done = finished()

@@ -35,6 +35,7 @@ class Tree:
     children: list[list[int]] = field(default_factory=list)  # in proposal order
     q: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> q its children were drawn from
     ranks: list[int] = field(default_factory=list)  # EAGLE-2 rank of each node (for --tree auto)
+    rank_depths: list[int] = field(default_factory=list)  # depth of every candidate, in rank order
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -58,6 +59,7 @@ class Tree:
             out.add(self.tokens[old], new[self.parents[old]], self.scores[old])
         out.q = {new[k]: v for k, v in self.q.items() if k in new}
         out.ranks = [self.ranks[old] for old in keep] if self.ranks else []
+        out.rank_depths = self.rank_depths
         return out
 
     def ancestor_mask(self, device=None) -> torch.Tensor:
@@ -101,6 +103,7 @@ def build_greedy_tree(drafter, root_token: int, root_logq: torch.Tensor, total_t
     # Rerank; ties go to the shallower node so every prefix of the ranking is ancestor-closed.
     order = sorted(range(1, len(cand)), key=lambda i: (-cand.scores[i], cand.depths[i]))
     cand.ranks = [0] * len(cand)
+    cand.rank_depths = [cand.depths[i] for i in order]
     for r, i in enumerate(order):
         cand.ranks[i] = r + 1
     return cand.subtree([0] + order[:total_tokens])

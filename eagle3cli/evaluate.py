@@ -1,0 +1,462 @@
+"""Evaluation: tau, n-alpha, tokens/s and speedup of a draft on the standard tasks, with a lossless check.
+
+Plain decoding (HF ``generate``) and speculative decoding run on the same prompts, in the
+same process, after the same warm-up. Multi-turn conversations are replayed turn by turn
+through the tokenizer's chat template, the model's own earlier answer becoming context.
+At temperature 0 every speculative answer must equal the greedy one token for token; any
+mismatch is reported with its prompt id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
+
+# Where each task lives on the Hub (users with network), and how a row becomes user turns.
+HUB = {
+    "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "train",
+                 lambda r, i: (r.get("prompt_id", i), r.get("category", ""), list(r["prompt"]))),
+    "gsm8k": ("openai/gsm8k", "main", "test", lambda r, i: (i, "math", [r["question"]])),
+    "humaneval": ("openai/openai_humaneval", None, "test",
+                  lambda r, i: (r["task_id"], "code", ["Complete the code I provided.\n\n" + r["prompt"]])),
+    "alpaca": ("tatsu-lab/alpaca", None, "train",
+               lambda r, i: (i, "", [r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")])),
+    "sum": ("abisee/cnn_dailymail", "3.0.0", "test", lambda r, i: (r.get("id", i), "summarization",
+                                                                    ["Summarize: " + r["article"]])),
+}
+
+
+class EvalError(ValueError):
+    """Bad input for eval: one line for the user."""
+
+
+@dataclass
+class Prompt:
+    id: str
+    category: str
+    turns: list[str]
+
+
+# --------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------
+def load_turns_file(path: str | Path, limit: int | None = None, default_category: str = "") -> list[Prompt]:
+    """A JSONL file of ``{"question_id", "category", "turns": [...]}`` records (the EAGLE format)."""
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"{path}: no such file")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        turns = r.get("turns") if isinstance(r, dict) else None
+        if not turns or not all(isinstance(t, str) for t in turns):
+            raise EvalError(f"{path}:{n}: expected a record with a non-empty 'turns' list of strings")
+        out.append(Prompt(str(r.get("question_id", n - 1)), r.get("category") or default_category, turns))
+        if limit and len(out) >= limit:
+            break
+    if not out:
+        raise EvalError(f"{path}: no prompts")
+    return out
+
+
+def load_task(task: str, data: str | None = None, limit: int | None = None) -> tuple[str, list[Prompt]]:
+    """(task name, prompts) from --data FILE, a file path given as TASK, or the Hub."""
+    if data:
+        return task, load_turns_file(data, limit, task)
+    if Path(task).suffix in (".jsonl", ".json") or Path(task).is_file():
+        return Path(task).stem, load_turns_file(task, limit, Path(task).stem)
+    if task not in HUB:
+        raise EvalError(f"unknown task {task!r}: use one of {', '.join(TASKS)} or a .jsonl file of turns")
+    repo, config, split, row = HUB[task]
+    try:
+        from datasets import load_dataset
+
+        ds = load_dataset(repo, config, split=split)
+    except Exception as e:  # offline, gated, renamed ...
+        raise EvalError(f"could not load {task} from the Hub ({repo}: {type(e).__name__}); "
+                        f"pass --data FILE with a local turns file") from None
+    out = []
+    for i, r in enumerate(ds):
+        pid, cat, turns = row(r, i)
+        out.append(Prompt(str(pid), cat or task, turns))
+        if limit and len(out) >= limit:
+            break
+    return task, out
+
+
+def encode(tokenizer, messages: list[dict]) -> torch.Tensor:
+    """Token ids of a conversation ready for the assistant's answer (chat template if there is one)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+# --------------------------------------------------------------------------------------
+# Decoding methods
+# --------------------------------------------------------------------------------------
+def hf_generate(target, ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                prompt_lookup: int = 0, seed: int = 0) -> list[int]:
+    kw = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if temperature > 0:
+        torch.manual_seed(seed)
+        kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+    if prompt_lookup:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup
+    gc = target.generation_config
+    pad = gc.pad_token_id if gc.pad_token_id is not None else (gc.eos_token_id if isinstance(gc.eos_token_id, int)
+                                                              else (gc.eos_token_id or [0])[0])
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                          pad_token_id=pad, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    _sync(device)
+    t0 = time.perf_counter()
+    r = fn()
+    _sync(device)
+    return r, time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------------------
+# --tree auto
+# --------------------------------------------------------------------------------------
+def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repeats=3) -> dict[int, float]:
+    """Seconds of one target forward of n new tokens (after a prefix) on this hardware."""
+    from transformers import DynamicCache
+
+    from .generator import forward
+
+    dev = ids.device
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        forward(target, ids, cache, logits_to_keep=1)
+        past = ids.shape[1]
+        lat = {}
+        for n in sizes:
+            new = ids[:, -1:].repeat(1, n)
+            pos = torch.arange(past, past + n, device=dev)[None]
+            ts = []
+            for _ in range(repeats):
+                _, t = timed(lambda: forward(target, new, cache, position_ids=pos), dev)
+                cache.crop(-n)
+                ts.append(t)
+            lat[n] = sorted(ts)[len(ts) // 2]
+    return lat
+
+
+def _interp(lat: dict[int, float], n: int) -> float:
+    xs = sorted(lat)
+    if n <= xs[0]:
+        return lat[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if n <= b:
+            return lat[a] + (lat[b] - lat[a]) * (n - a) / (b - a)
+    return lat[xs[-1]] * n / xs[-1]
+
+
+def choose_tree(outputs, latency: dict[int, float], max_total: int, max_depth: int) -> dict:
+    """Pick (total_tokens, depth) maximising expected tokens/s from a big-tree calibration run.
+
+    A smaller EAGLE-2 tree (N nodes, depth d) is exactly the first N nodes of depth <= d in the
+    big tree's ranking, so each calibration cycle tells what every smaller tree would accept.
+    """
+    cycles = [(ranks, depths) for o in outputs for ranks, depths in zip(o.accepted_ranks, o.rank_depths)]
+    n_cycles = sum(o.forwards for o in outputs)
+    if not cycles:
+        raise EvalError("tree auto: no calibration cycles (empty answers?)")
+    draft_level = sum(o.times["draft"] for o in outputs) / max(1, n_cycles) / max_depth
+    book = sum(o.times["bookkeeping"] for o in outputs) / max(1, n_cycles)
+    best = None
+    for d in range(1, max_depth + 1):
+        for n in range(d, max_total + 1):
+            acc = 0
+            for ranks, depths in cycles:
+                a = 0
+                for i, r in enumerate(ranks):  # the i-th path node sits at depth i+1
+                    if i + 1 > d:
+                        break
+                    # its rank among nodes of depth <= d
+                    sub = sum(1 for dd in depths[:r] if dd <= d)
+                    if sub > n:
+                        break
+                    a += 1
+                acc += a + 1
+            tau = acc / len(cycles)
+            speed = tau / (d * draft_level + _interp(latency, n + 1) + book)
+            if best is None or speed > best["tokens_per_s"]:
+                best = {"total_tokens": n, "depth": d, "tau": tau, "tokens_per_s": speed}
+    best["latency_ms"] = {k: round(v * 1000, 3) for k, v in latency.items()}
+    return best
+
+
+# --------------------------------------------------------------------------------------
+# The evaluation
+# --------------------------------------------------------------------------------------
+@dataclass
+class EvalConfig:
+    tasks: list[str]
+    data: str | None = None
+    limit: int | None = None
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    sampling_top_k: int = 0
+    mode: str = "tree"
+    total_tokens: int = 60
+    depth: int = 8
+    top_k: int = 10
+    steps: int = 3
+    tree_auto: bool = False
+    prompt_lookup: bool = False
+    prompt_lookup_tokens: int = 10
+    seed: int = 0
+    warmup_tokens: int = 32
+
+
+@dataclass
+class TaskStats:
+    num_prompts: int = 0
+    new_tokens: dict = field(default_factory=lambda: {"baseline": 0, "speculative": 0, "prompt_lookup": 0})
+    seconds: dict = field(default_factory=lambda: {"baseline": 0.0, "speculative": 0.0, "prompt_lookup": 0.0})
+    outputs: list = field(default_factory=list)
+    mismatches: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+
+
+def check_draft(draft_dir: str, target_config):
+    """Draft/target mismatch (hidden size, vocab, layer ids, broken files): one line."""
+    from .inspector import inspect_draft
+
+    rep = inspect_draft(draft_dir, target_config)
+    if not rep.ok:
+        more = f" (+{len(rep.problems) - 1} more; run `eagle3 inspect {draft_dir}`)" if len(rep.problems) > 1 else ""
+        raise EvalError(f"draft {draft_dir} does not fit this target: {rep.problems[0]}{more}")
+
+
+def hardware() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def summarize(stats: TaskStats, cfg: EvalConfig) -> dict:
+    from .generator import n_alpha
+
+    outs = stats.outputs
+    fwd = sum(o.forwards for o in outs)
+    tau = sum(o.decode_tokens for o in outs) / fwd if fwd else None
+    tps = {k: (stats.new_tokens[k] / stats.seconds[k] if stats.seconds[k] else None)
+           for k in ("baseline", "speculative", "prompt_lookup")}
+    if not cfg.prompt_lookup:
+        tps.pop("prompt_lookup")
+    times = {k: sum(o.times[k] for o in outs) for k in ("prefill", "draft", "verify", "bookkeeping")}
+    return {
+        "num_prompts": stats.num_prompts,
+        "tau": tau,
+        "n_alpha": n_alpha(outs) if cfg.mode == "chain" and outs else None,
+        "tokens_per_s": tps,
+        "speedup": tps["speculative"] / tps["baseline"] if tps["baseline"] and tps["speculative"] else None,
+        "lossless": (not stats.mismatches) if cfg.temperature == 0 else None,
+        "mismatches": stats.mismatches,
+        "errors": stats.errors,
+        "cycle_ms": {k: 1000 * v / fwd for k, v in times.items() if k != "prefill"} if fwd else None,
+        "accept_length_hist": _hist([a for o in outs for a in o.accept_lengths]),
+    }
+
+
+def _hist(xs):
+    h: dict[str, int] = {}
+    for x in xs:
+        h[str(x)] = h.get(str(x), 0) + 1
+    return dict(sorted(h.items(), key=lambda kv: int(kv[0])))
+
+
+def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
+    """Run every task; returns the results dict (common.md schema) plus per-category rows."""
+    from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
+    from .generator import as_drafter
+
+    check_supported(target.config)
+    dev = next(target.parameters()).device
+    drafter = as_drafter(draft)
+    settings = SpecSettings(mode=cfg.mode, total_tokens=cfg.total_tokens, depth=cfg.depth, top_k=cfg.top_k,
+                            steps=cfg.steps, temperature=cfg.temperature, top_p=cfg.top_p,
+                            sampling_top_k=cfg.sampling_top_k, max_new_tokens=cfg.max_new_tokens)
+    max_pos = getattr(getattr(target.config, "get_text_config", lambda **k: target.config)(decoder=True),
+                      "max_position_embeddings", None)
+    loaded = [load_task(t, cfg.data, cfg.limit) for t in cfg.tasks]
+    if not any(ps for _, ps in loaded):
+        raise EvalError("no prompts to evaluate")
+
+    def spec(ids, s=settings, seed=cfg.seed):
+        return speculative_generate(target, drafter, ids, s, seed=seed)
+
+    def base(ids, seed=cfg.seed):
+        return hf_generate(target, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.sampling_top_k, seed=seed)
+
+    # Warm-up (same for every method) on the first prompt, then optional tree calibration.
+    first = encode(tokenizer, [{"role": "user", "content": loaded[0][1][0].turns[0]}]).to(dev)
+    warm = SpecSettings(**{**settings.__dict__, "max_new_tokens": cfg.warmup_tokens})
+    speculative_generate(target, drafter, first, warm, seed=cfg.seed)
+    hf_generate(target, first, cfg.warmup_tokens)
+    if cfg.prompt_lookup:
+        hf_generate(target, first, cfg.warmup_tokens, prompt_lookup=cfg.prompt_lookup_tokens)
+    auto = None
+    if cfg.tree_auto and cfg.mode == "tree":
+        big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
+                              "max_new_tokens": 128})
+        calib = [spec(encode(tokenizer, [{"role": "user", "content": p.turns[0]}]).to(dev), big)
+                 for p in loaded[0][1][:3]]
+        auto = choose_tree(calib, verify_latency(target, first), 64, 8)
+        settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
+        log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
+            f"(expected tau {auto['tau']:.2f})")
+
+    results, categories = {}, {}
+    for task, prompts in loaded:
+        stats = TaskStats()
+        for p in prompts:
+            cat = categories.setdefault((task, p.category or task), TaskStats())
+            messages, ok = [], True
+            for turn_no, turn in enumerate(p.turns):
+                messages.append({"role": "user", "content": turn})
+                ids = encode(tokenizer, messages).to(dev)
+                pid = p.id if len(p.turns) == 1 else f"{p.id}/turn{turn_no + 1}"
+                if max_pos and ids.shape[1] + 1 >= max_pos:
+                    msg = f"{task} prompt {pid}: {ids.shape[1]} tokens do not fit the context of {max_pos}; skipped"
+                    log(f"error: {msg}")
+                    stats.errors.append(msg)
+                    ok = False
+                    break
+                try:
+                    b, tb = timed(lambda: base(ids), dev)
+                    s_out, ts = timed(lambda: spec(ids), dev)
+                except (ContextTooLong, UnsupportedTarget) as e:
+                    log(f"error: {task} prompt {pid}: {e}")
+                    stats.errors.append(f"{pid}: {e}")
+                    ok = False
+                    break
+                rows = [stats, cat]
+                for st in rows:
+                    st.new_tokens["baseline"] += len(b)
+                    st.seconds["baseline"] += tb
+                    st.new_tokens["speculative"] += len(s_out.tokens)
+                    st.seconds["speculative"] += ts
+                    st.outputs.append(s_out)
+                if cfg.prompt_lookup:
+                    pl, tp = timed(lambda: hf_generate(target, ids, cfg.max_new_tokens,
+                                                       prompt_lookup=cfg.prompt_lookup_tokens), dev)
+                    for st in rows:
+                        st.new_tokens["prompt_lookup"] += len(pl)
+                        st.seconds["prompt_lookup"] += tp
+                if cfg.temperature == 0 and s_out.tokens != b:
+                    at = next((i for i, (x, y) in enumerate(zip(s_out.tokens, b)) if x != y), min(len(b), len(s_out.tokens)))
+                    log(f"error: LOSSLESS CHECK FAILED: {task} prompt {pid} differs from greedy at token {at}")
+                    for st in rows:
+                        st.mismatches.append(pid)
+                # the model's own answer is the context of the next turn
+                messages.append({"role": "assistant", "content": tokenizer.decode(b, skip_special_tokens=True)})
+            if ok:
+                stats.num_prompts += 1
+                cat.num_prompts += 1
+            if progress:
+                progress()
+        results[task] = summarize(stats, cfg)
+    per_category = [{"task": t, "category": c, **{k: v for k, v in summarize(st, cfg).items()
+                                                  if k in ("num_prompts", "tau", "tokens_per_s", "speedup")}}
+                    for (t, c), st in categories.items()]
+    total, depth, top_k = settings.shape()
+    from . import __version__
+
+    return {
+        "eagle3_version": __version__,
+        "hardware": hardware(),
+        "settings": {"mode": cfg.mode, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                     "sampling_top_k": cfg.sampling_top_k, "max_new_tokens": cfg.max_new_tokens,
+                     "total_tokens": settings.total_tokens if cfg.mode == "tree" else None,
+                     "depth": settings.depth if cfg.mode == "tree" else None,
+                     "top_k": settings.top_k if cfg.mode == "tree" else None,
+                     "steps": cfg.steps if cfg.mode == "chain" else None,
+                     "tree_auto": auto},
+        "tasks": results,
+        "per_category": per_category,
+    }
+
+
+def plot(results: dict, path: Path) -> Path | None:
+    """tau per task and n-alpha bars; skipped quietly if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    tasks = results["tasks"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = list(tasks)
+    axes[0].bar(names, [tasks[t]["tau"] or 0 for t in names], color="#4C72B0")
+    axes[0].set_ylabel("tau (tokens per target forward)")
+    axes[0].set_title(f"acceptance length ({results['settings']['mode']})")
+    for i, t in enumerate(names):
+        sp = tasks[t].get("speedup")
+        if sp:
+            axes[0].annotate(f"{sp:.2f}x", (i, tasks[t]["tau"]), ha="center", va="bottom")
+    width = 0.8 / max(1, len(names))
+    any_alpha = False
+    for i, t in enumerate(names):
+        al = tasks[t].get("n_alpha") or []
+        if al:
+            any_alpha = True
+            axes[1].bar([n + i * width for n in range(len(al))], [a or 0 for a in al], width, label=t)
+    axes[1].set_title("n-alpha (chain)" if any_alpha else "n-alpha: run --mode chain")
+    axes[1].set_xlabel("n (drafted inputs already accepted)")
+    axes[1].set_ylim(0, 1)
+    if any_alpha:
+        axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_results(results: dict, out_dir: str | Path) -> tuple[Path, Path | None]:
+    from .features import write_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)
+    return out / "results.json", plot(results, out / "results.png")
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)

@@ -1,0 +1,287 @@
+"""The speculative generator: lossless at T=0 and T>0, exact accounting, exact caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.generator import (
+    EagleDrafter,
+    UnsupportedTarget,
+    ContextTooLong,
+    accept_sampling,
+    greedy_generate,
+    n_alpha,
+    speculative_generate,
+    target_probs,
+)
+from eagle3cli.layers import default_layer_ids
+from eagle3cli.tree import build_greedy_tree, new_tree
+from tiny import tiny_model
+
+NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core box: extra threads only add contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def random_draft(target, seed=0, keep_every=2):
+    cfg = DraftConfig.from_target(target.config, target.config.vocab_size // keep_every,
+                                  default_layer_ids(target.config.num_hidden_layers))
+    d = Eagle3Draft(cfg, embed_weight=target.get_input_embeddings().weight)
+    d.init_weights(seed=seed)
+    d.set_vocab(torch.arange(0, target.config.vocab_size, keep_every))
+    return d.eval()
+
+
+class Oracle:
+    """A drafter that proposes from the target itself: q = softmax(sharpen * logits + noise)."""
+
+    def __init__(self, target, sharpen=1.0, noise=0.0, seed=0):
+        self.target, self.sharpen = target, sharpen
+        g = torch.Generator().manual_seed(seed)
+        self.noise = noise * torch.randn(target.config.vocab_size, generator=g)
+
+    def _logq(self, seqs):
+        rows = []
+        for s in seqs:
+            logits = self.target(input_ids=torch.tensor([s])).logits[0, -1]
+            rows.append(torch.log_softmax(self.sharpen * logits + self.noise, -1))
+        return torch.stack(rows)
+
+    def begin(self, input_ids):
+        self.seq = input_ids[0, :1].tolist()
+
+    def observe(self, next_tokens, hidden_states):
+        self.seq += next_tokens.tolist()
+        return self._logq([self.seq])[0]
+
+    def expand(self, tree, nodes):
+        seqs = []
+        for i in nodes:
+            path = []
+            while i > 0:
+                path.append(tree.tokens[i])
+                i = tree.parents[i]
+            seqs.append(self.seq + path[::-1])
+        return self._logq(seqs)
+
+    def rollback(self):
+        pass
+
+
+def prompt(seed, n=12, vocab=256):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "phi3"])
+def test_greedy_equality_random_draft(arch):
+    target = tiny_model(arch)
+    draft = random_draft(target)
+    for i in range(4):
+        ids = prompt(i)
+        ref = greedy_generate(target, ids, 24, eos_token_id=NO_EOS)
+        tree = speculative_generate(target, draft, ids, mode="tree", total_tokens=12, depth=4, top_k=3,
+                                    max_new_tokens=24, eos_token_id=NO_EOS)
+        chain = speculative_generate(target, draft, ids, mode="chain", steps=3, max_new_tokens=24,
+                                     eos_token_id=NO_EOS)
+        assert tree.tokens == ref, f"{arch} tree prompt {i}"
+        assert chain.tokens == ref, f"{arch} chain prompt {i}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
+def test_greedy_equality_with_partial_acceptance(arch):
+    """A noisy oracle is right often but not always: accepted paths end mid-tree."""
+    target = tiny_model(arch)
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    accepted, partial = 0, 0
+    for i in range(4):
+        ids = prompt(10 + i)
+        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS)
+        for kw in (dict(mode="tree", total_tokens=10, depth=4, top_k=3), dict(mode="chain", steps=4)):
+            out = speculative_generate(target, oracle, ids, max_new_tokens=30, eos_token_id=NO_EOS, **kw)
+            assert out.tokens == ref, f"{arch} {kw['mode']} prompt {i}"
+            accepted += sum(a - 1 for a in out.accept_lengths)
+            partial += sum(1 < a < 5 for a in out.accept_lengths)
+    assert accepted > 10 and partial > 0
+
+
+@pytest.mark.parametrize("mode,depth", [("tree", 4), ("chain", 3)])
+def test_oracle_tau_is_depth_plus_one(mode, depth):
+    target = tiny_model("llama")
+    oracle = Oracle(target, sharpen=1e4)
+    cycles = 5
+    ids = prompt(3)
+    out = speculative_generate(target, oracle, ids, mode=mode, total_tokens=8, depth=depth, top_k=2, steps=depth,
+                               max_new_tokens=1 + cycles * (depth + 1), eos_token_id=NO_EOS)
+    assert out.tokens == greedy_generate(target, ids, 1 + cycles * (depth + 1), eos_token_id=NO_EOS)
+    assert out.accept_lengths == [depth + 1] * cycles
+    assert out.forwards == cycles
+    assert out.tau == depth + 1
+    if mode == "chain":
+        assert n_alpha([out]) == [1.0] * depth
+
+
+def test_cache_after_acceptance_equals_fresh_prefill():
+    target = tiny_model("qwen2")
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    ids = prompt(5)
+    out = speculative_generate(target, oracle, ids, mode="tree", total_tokens=10, depth=4, top_k=3,
+                               max_new_tokens=40, eos_token_id=NO_EOS)
+    assert max(out.accept_lengths) > 1
+    # the cache holds the prompt, then root + accepted path of every cycle; no rejected node
+    n = ids.shape[1] + sum(out.accept_lengths)
+    assert out.cache.layers[0].keys.shape[2] == n
+    m = min(n, ids.shape[1] + len(out.tokens))  # the last cycle may be cut by max_new_tokens
+    from transformers import DynamicCache
+
+    fresh = DynamicCache(config=target.config)
+    target(input_ids=torch.cat([ids, torch.tensor([out.tokens])], 1)[:, :m], cache=fresh, use_cache=True)
+    assert len(out.cache.layers) == len(fresh.layers)
+    for a, b in zip(out.cache.layers, fresh.layers):
+        torch.testing.assert_close(a.keys[:, :, :m], b.keys, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values[:, :, :m], b.values, atol=2e-5, rtol=1e-4)
+
+
+def test_draft_tree_matches_sequential_draft():
+    """EagleDrafter's tree mask/positions give each node what a plain causal draft run on its path gives."""
+    target = tiny_model("llama")
+    draft = random_draft(target, keep_every=1)
+    drafter = EagleDrafter(draft)
+    ids = prompt(7, n=9)
+    out = target(input_ids=ids, output_hidden_states=True)
+    root = int(out.logits[0, -1].argmax())
+    drafter.begin(ids)
+    nxt = torch.cat([ids[0, 1:], torch.tensor([root])])
+    logq = drafter.observe(nxt, out.hidden_states)
+    tree = build_greedy_tree(drafter, root, logq, total_tokens=30, depth=4, top_k=3)  # keeps all
+    assert max(tree.depths) == 4
+    # redo every node's prediction sequentially: verified pairs, then its path, causal
+    aux = torch.cat([out.hidden_states[j] for j in draft.config.aux_layer_ids], -1)
+    for node in range(1, len(tree)):
+        if not tree.children[node]:
+            continue
+        path = []
+        i = node
+        while i > 0:
+            path.append(i)
+            i = tree.parents[i]
+        path = path[::-1]
+        cache = KVCache()
+        a = draft.step(nxt[None], draft.fuse(aux), torch.arange(9)[None], cache)[:, -1:]
+        for i in path:
+            a = draft.step(torch.tensor([[tree.tokens[i]]]), a, torch.tensor([[8 + tree.depths[i]]]), cache)
+        expected = torch.log_softmax(draft.logits(a[0, -1]), -1)
+        child = tree.children[node][0]
+        got_token = tree.tokens[child]
+        assert draft.draft_to_target(expected.argmax()).item() == got_token
+        assert tree.scores[child] == pytest.approx(tree.scores[node] + expected.max().item(), abs=1e-4)
+
+
+def test_accept_sampling_exact_on_synthetic_tree():
+    """Many children drawn without replacement from q; the output must be distributed as p."""
+    from eagle3cli.tree import gumbel_top
+
+    V = 6
+    p = torch.tensor([0.35, 0.25, 0.2, 0.1, 0.06, 0.04])
+    q = torch.tensor([0.05, 0.4, 0.3, 0.05, 0.15, 0.05])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V)
+    n = 20000
+    for _ in range(n):
+        tree = new_tree(0)
+        tree.q[0] = q
+        for t in gumbel_top(q.log(), 3, gen):
+            tree.add(t, 0, 0.0)
+        probs = torch.stack([p] * len(tree))
+        path, bonus = accept_sampling(tree, probs, gen)
+        counts[tree.tokens[path[0]] if path else bonus] += 1
+    assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
+
+
+def exact_marginals(target, ids, temperature):
+    """Exact distributions of generated tokens 2 and 3 (enumerating tokens 1 and 2)."""
+    V = target.config.vocab_size
+
+    def p(seq):
+        return target_probs(target(input_ids=torch.tensor([seq])).logits[0, -1], temperature)
+
+    base = ids[0].tolist()
+    p1 = p(base)
+    p2 = torch.zeros(V)
+    p3 = torch.zeros(V)
+    for a in range(V):
+        pa = p(base + [a])
+        p2 += p1[a] * pa
+        for b in range(V):
+            p3 += p1[a] * pa[b] * p(base + [a, b])
+    return p2, p3
+
+
+@pytest.mark.parametrize("mode,drafter_kind", [("tree", "good"), ("chain", "good"), ("tree", "eagle"),
+                                               ("chain", "noisy")])
+def test_sampling_matches_target_distribution(mode, drafter_kind):
+    target = tiny_model("llama", vocab_size=8, num_hidden_layers=4, hidden_size=32, intermediate_size=64)
+    ids = torch.tensor([[1, 5, 3, 2]])
+    T = 0.8
+    drafter = {
+        "good": lambda: Oracle(target),  # q == p (the generator applies T to both): nothing is rejected
+        "noisy": lambda: Oracle(target, noise=1.0),
+        "eagle": lambda: random_draft(target, keep_every=2),
+    }[drafter_kind]()
+    p2, p3 = exact_marginals(target, ids, T)
+    n = 400
+    c2, c3 = torch.zeros(8), torch.zeros(8)
+    accepted = 0
+    for seed in range(n):
+        out = speculative_generate(target, drafter, ids, mode=mode, total_tokens=6, depth=3, top_k=3, steps=3,
+                                   temperature=T, max_new_tokens=3, eos_token_id=NO_EOS, seed=seed)
+        c2[out.tokens[1]] += 1
+        c3[out.tokens[2]] += 1
+        accepted += out.accept_lengths[0] - 1
+    if drafter_kind == "good":  # q == p never rejects; a chain always has a child to try
+        assert accepted == n * 3 if mode == "chain" else accepted >= n
+    elif drafter_kind == "noisy":
+        assert 0 < accepted < n * 3
+    assert chisquare(c2.numpy(), (p2 * n).numpy()).pvalue > 1e-3
+    assert chisquare(c3.numpy(), (p3 * n).numpy()).pvalue > 1e-3
+
+
+def test_eos_and_max_new_tokens():
+    target = tiny_model("llama")
+    oracle = Oracle(target, sharpen=1e4)
+    ids = prompt(3)
+    ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS)
+    eos = ref[7]
+    first = ref.index(eos)
+    out = speculative_generate(target, oracle, ids, depth=4, total_tokens=8, top_k=2, max_new_tokens=30,
+                               eos_token_id=eos)
+    assert out.tokens == ref[: first + 1] and out.stop_reason == "eos"
+    out = speculative_generate(target, oracle, ids, depth=4, total_tokens=8, top_k=2, max_new_tokens=9,
+                               eos_token_id=NO_EOS)
+    assert out.tokens == ref[:9]
+
+
+def test_refuses_sliding_window_and_long_prompts():
+    gemma = tiny_model("gemma3_text")
+    with pytest.raises(UnsupportedTarget, match="sliding"):
+        speculative_generate(gemma, Oracle(gemma), prompt(0), max_new_tokens=4)
+    target = tiny_model("llama", max_position_embeddings=16)
+    with pytest.raises(ContextTooLong, match="16"):
+        speculative_generate(target, Oracle(target), prompt(0, n=20), max_new_tokens=4)
+
+
+def test_n_alpha_counts_conditional_acceptance():
+    from eagle3cli.generator import SpecOutput
+
+    o = SpecOutput(tokens=[], prompt_len=1, accept_lengths=[1, 2, 4, 3], drafted=[3, 3, 3, 3])
+    # accepted drafts per cycle: 0, 1, 3, 2 -> a0 = 3/4, a1 = 2/3, a2 = 1/2
+    assert n_alpha([o]) == [0.75, pytest.approx(2 / 3), 0.5]
