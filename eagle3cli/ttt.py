@@ -108,6 +108,32 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     return Teacher(torch.cat(probs).view(b, t, -1), torch.cat(index).view(b, t))
 
 
+class SoftCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy against a soft target p (rows of p sum to 1), fused.
+
+    loss = logsumexp(z) - <p, z>;  d loss / dz = softmax(z) - p. Autograd's log_softmax * p
+    keeps two more [rows x vocab] tensors alive and makes more passes over them; over the draft
+    vocab this is the biggest cost after the LM head's matmuls.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, p):
+        lse = torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(logits, p, lse)
+        return lse - torch.linalg.vecdot(p, logits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, p, lse = ctx.saved_tensors
+        out = torch.exp(logits - lse[:, None])
+        out.sub_(p).mul_(grad[:, None])
+        return out, None
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return SoftCrossEntropy.apply(logits, p)
+
+
 class TTTModel(nn.Module):
     """The draft wrapped for training: forward = the S-step unroll, returning loss and stats.
 
@@ -134,15 +160,14 @@ class TTTModel(nn.Module):
         streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention)
         for s, a in enumerate(streams):
             # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
-            mask = shift_left(loss_mask, 2 + s, fill=False)
-            p = shift_left(teacher_probs, 1 + s)[mask]
-            logits = self.draft.logits(a[mask]).float()
-            n = p.shape[0]
-            loss_s = -(p * torch.log_softmax(logits, dim=-1)).sum() / max(n, 1)
+            rows, cols = shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True)
+            logits = self.draft.logits(a[rows, cols]).float()
+            p = teacher_probs[rows, cols + 1 + s]  # gathers only the rows used, no shifted copy
+            n = rows.numel()
+            loss_s = soft_cross_entropy(logits, p).sum() / max(n, 1)
             total = total + (self.decay ** s) * loss_s
-            target = shift_left(teacher_index, 1 + s, fill=-1)[mask]
             step_loss.append(loss_s.detach())
-            correct.append((logits.detach().argmax(-1) == target).sum())
+            correct.append((logits.detach().argmax(-1) == teacher_index[rows, cols + 1 + s]).sum())
             counted.append(torch.tensor(n, device=logits.device))
         return total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted)
 

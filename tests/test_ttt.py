@@ -4,7 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
-from eagle3cli.ttt import TTTModel, acceptance_length, shift_left, teacher_from_final, ttt_attention, ttt_streams
+from eagle3cli.ttt import (
+    TTTModel, acceptance_length, shift_left, soft_cross_entropy, teacher_from_final, ttt_attention, ttt_streams,
+)
 from tiny import tiny_config, tiny_model
 
 
@@ -111,3 +113,19 @@ def test_shift_left_and_acceptance_length():
     assert shift_left(x, 9).tolist() == [[0] * 6]
     assert acceptance_length([1.0, 1.0, 1.0]) == 4.0
     assert abs(acceptance_length([0.5, 0.5]) - 1.75) < 1e-12
+
+
+def test_fused_soft_cross_entropy_matches_autograd():
+    torch.manual_seed(0)
+    z = (torch.randn(13, 50) * 4).requires_grad_()
+    p = torch.softmax(torch.randn(13, 50) * 2, -1)
+    w = torch.rand(13)
+    fused = soft_cross_entropy(z, p)
+    ref = -(p * torch.log_softmax(z, -1)).sum(-1)
+    torch.testing.assert_close(fused, ref)
+    g1, = torch.autograd.grad((fused * w).sum(), z)
+    g2, = torch.autograd.grad((ref * w).sum(), z)
+    torch.testing.assert_close(g1, g2)
+    q = torch.softmax(torch.randn(3, 6, dtype=torch.float64), -1)
+    assert torch.autograd.gradcheck(lambda x: soft_cross_entropy(x, q),
+                                    (torch.randn(3, 6, dtype=torch.float64, requires_grad=True),))

@@ -1,0 +1,110 @@
+"""Training throughput with --ttt-steps 1 vs 7 on the same data.
+
+    python benchmarks/train_throughput.py --data STORE --model TARGET
+    python benchmarks/train_throughput.py            # builds a small SmolLM2 store from GSM8K first
+
+Prints training tokens/s for each setting and the cost ratio per token (goal: 7 steps cost at
+most 6x one step). Tokens are conversation tokens (padding excluded); each setting runs the
+same batches, and the first optimizer steps (allocation warm-up) are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from eagle3cli.features import shard_name, write_json, write_shard
+from eagle3cli.layers import choose_layers
+from eagle3cli.train_config import TrainConfig
+from eagle3cli.trainer import template_hash, train
+
+SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "train" / "gsm8k_train.jsonl"
+
+
+@torch.no_grad()
+def build_store(model_dir: Path, out: Path, n: int, max_length: int = 512) -> Path:
+    """A feature store of GSM8K question/answer chats (dataset answers, not regenerated: this
+    only measures speed). Loss mask = the tokens after the generation prompt."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle3cli.target import capture
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    layers = choose_layers(model.config).ids
+    rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:n]]
+    samples = []
+    for i, r in enumerate(rows):
+        user = [{"role": "user", "content": r["question"]}]
+        prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        full = tok.apply_chat_template(user + [{"role": "assistant", "content": r["answer"]}], tokenize=False)
+        p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor(tok(full, add_special_tokens=False)["input_ids"][:max_length])
+        mask = torch.zeros(ids.numel(), dtype=torch.bool)
+        mask[len(p_ids):] = True
+        aux, final = capture(model, ids[None], layers)
+        samples.append({"input_ids": ids, "loss_mask": mask, "sample_id": i, "aux": aux[0], "final": final[0]})
+    write_shard(out / "shards" / shard_name(0, 0), samples)
+    cfg = model.config
+    end = [tok.eos_token_id] + [t for t in tok.convert_tokens_to_ids(["<|im_end|>"]) if t is not None]
+    write_json(out / "manifest.json", {
+        "format": "eagle3-features", "version": 1,
+        "target": {"id": str(model_dir), "revision": None, "content_hash": None},
+        "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+        "num_layers": cfg.num_hidden_layers, "layer_ids": list(layers), "features": "offline",
+        "dtype": "bfloat16", "chat_template_hash": template_hash(tok.chat_template), "max_length": max_length,
+        "num_samples": len(samples), "num_tokens": sum(s["input_ids"].numel() for s in samples),
+        "num_masked_tokens": sum(int(s["loss_mask"].sum()) for s in samples), "bytes": 0, "truncated": 0,
+        "skipped": {}, "end_token_ids": sorted(set(end)), "source": {"dataset": "gsm8k (train split)"},
+    })
+    return out
+
+
+def measure(data: str, model: str, ttt_steps: int, steps: int, skip: int, max_tokens: int, vocab: str,
+            out: Path) -> dict:
+    cfg = TrainConfig(data=data, model=model, out=str(out), ttt_steps=ttt_steps, max_steps=steps,
+                      max_tokens=max_tokens, draft_vocab_size=vocab, val_fraction=0.0, log_every=1,
+                      save_every=10**9, epochs=1000)
+    t = time.time()
+    res = train(cfg, quiet=True)
+    rates = [h["tokens_per_s"] for h in res.history if "acc" in h][skip:]
+    return {"ttt_steps": ttt_steps, "tokens_per_s": statistics.median(rates), "steps": len(rates),
+            "wall_s": time.time() - t, "peak_memory_mb": res.metrics.get("peak_memory_mb")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="feature store (default: build one from --model and GSM8K)")
+    ap.add_argument("--model", default=str(SMOLLM2), help="target model folder")
+    ap.add_argument("--conversations", type=int, default=96, help="size of the store built without --data")
+    ap.add_argument("--steps", type=int, default=12, help="optimizer steps per setting")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps not counted")
+    ap.add_argument("--max-tokens", type=int, default=2048)
+    ap.add_argument("--draft-vocab-size", default="32000")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data or str(build_store(Path(args.model), Path(tmp) / "store", args.conversations))
+        rows = [measure(data, args.model, s, args.steps, args.skip, args.max_tokens, args.draft_vocab_size,
+                        Path(tmp) / f"run{s}") for s in (1, 7)]
+    one, seven = rows
+    ratio = one["tokens_per_s"] / seven["tokens_per_s"]
+    print(f"{'ttt_steps':>9} {'tokens/s':>10} {'steps':>6} {'peak MB':>8}")
+    for r in rows:
+        print(f"{r['ttt_steps']:>9} {r['tokens_per_s']:>10.1f} {r['steps']:>6} {r['peak_memory_mb']:>8}")
+    verdict = "meets" if ratio <= 6 else "misses"
+    print(f"cost per token, 7 steps vs 1: {ratio:.2f}x ({verdict} the <= 6x goal)")
+    print(json.dumps({"rows": rows, "ratio": ratio, "torch_threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
