@@ -324,7 +324,11 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         return hf_generate(target, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.sampling_top_k, seed=seed)
 
     # Warm-up (same for every method) on the first prompt, then optional tree calibration.
-    first = encode(tokenizer, [{"role": "user", "content": loaded[0][1][0].turns[0]}]).to(dev)
+    firsts = [encode(tokenizer, [{"role": "user", "content": p.turns[0]}]) for _, ps in loaded for p in ps[:8]]
+    firsts = [f.to(dev) for f in firsts if not max_pos or f.shape[1] + cfg.warmup_tokens + cfg.depth + 2 < max_pos]
+    if not firsts:
+        raise EvalError(f"no prompt fits the target's context of {max_pos} tokens")
+    first = firsts[0]
     warm = SpecSettings(**{**settings.__dict__, "max_new_tokens": cfg.warmup_tokens})
     speculative_generate(target, drafter, first, warm, seed=cfg.seed)
     hf_generate(target, first, cfg.warmup_tokens)
@@ -334,8 +338,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if cfg.tree_auto and cfg.mode == "tree":
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
                               "max_new_tokens": 128})
-        calib = [spec(encode(tokenizer, [{"role": "user", "content": p.turns[0]}]).to(dev), big)
-                 for p in loaded[0][1][:3]]
+        calib = [spec(f, big) for f in firsts[:3]]
         auto = choose_tree(calib, verify_latency(target, first), 64, 8)
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "

@@ -1,0 +1,144 @@
+"""`eagle3 eval`: tau, n-alpha, tokens/s and speedup of a draft, with a lossless check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .common import Adapter, Device, Dtype, Load4, Load8, Model, Revision, TrustRemoteCode, console, fail, target_spec
+
+
+def parse_tree(text: str) -> tuple[bool, int, int, int]:
+    """``auto`` or ``TOTAL,DEPTH[,TOPK]`` -> (auto, total_tokens, depth, top_k)."""
+    if text.strip().lower() == "auto":
+        return True, 60, 8, 10
+    try:
+        parts = [int(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (2, 3) or min(parts) < 1:
+        raise ValueError(f"--tree must be 'auto' or TOTAL,DEPTH[,TOPK] with positive integers, got {text!r}")
+    return False, parts[0], parts[1], parts[2] if len(parts) == 3 else 10
+
+
+def evaluate(
+    model: str = Model,
+    draft: str = typer.Option(..., "--draft", "-d", help="Draft directory (config.json + model.safetensors)."),
+    task: List[str] = typer.Option(["mt_bench"], "--task", "-t",
+                                   help="mt_bench, gsm8k, humaneval, alpaca, sum, or a .jsonl turns file; repeatable."),
+    data: Optional[str] = typer.Option(None, "--data", help="Local turns file (JSONL with 'turns') for the task."),
+    out: Path = typer.Option(Path("eval_out"), "--out", "-o", help="Folder for results.json and results.png."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N prompts of each task."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (checked token for token)."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    sampling_top_k: int = typer.Option(0, "--sampling-top-k", help="Top-k filter of the sampling distribution (0 = off)."),
+    mode: str = typer.Option("tree", "--mode", help="tree (EAGLE-2 dynamic tree) or chain."),
+    tree: str = typer.Option("60,8,10", "--tree", help="auto (measured on this hardware) or TOTAL,DEPTH[,TOPK]."),
+    steps: int = typer.Option(3, "--steps", help="Chain mode: drafted tokens per cycle."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="prompt-lookup: add HF prompt-lookup decoding."),
+    seed: int = typer.Option(0, "--seed"),
+    revision: Optional[str] = Revision,
+    dtype: str = Dtype,
+    device: Optional[str] = Device,
+    load_in_8bit: bool = Load8,
+    load_in_4bit: bool = Load4,
+    adapter: Optional[str] = Adapter,
+    trust_remote_code: bool = TrustRemoteCode,
+):
+    """Speculative vs plain decoding on the same prompts: tau, n-alpha, tokens/s, speedup, lossless check."""
+    if mode not in ("tree", "chain"):
+        fail(f"--mode must be tree or chain, got {mode!r}")
+    if baseline not in (None, "prompt-lookup"):
+        fail(f"--baseline must be prompt-lookup, got {baseline!r}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        fail("--temperature must be >= 0 and --top-p in (0, 1]")
+    if max_new_tokens < 1 or steps < 1:
+        fail("--max-new-tokens and --steps must be at least 1")
+    if data and len(task) != 1:
+        fail("--data gives the prompts of one task; pass a single --task with it")
+    try:
+        auto, total, depth, top_k = parse_tree(tree)
+    except ValueError as e:
+        fail(str(e))
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..evaluate import EvalConfig, EvalError, check_draft, fmt, load_task, write_results
+    from ..evaluate import evaluate as run_eval
+    from ..export import load_draft
+    from ..generator import UnsupportedTarget, check_supported
+    from ..target import load_config, load_target, load_tokenizer
+
+    spec = target_spec(model, revision, dtype, device, load_in_8bit, load_in_4bit, adapter, trust_remote_code)
+    cfg = EvalConfig(tasks=list(task), data=data, limit=limit, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_p=top_p, sampling_top_k=sampling_top_k, mode=mode,
+                     total_tokens=total, depth=depth, top_k=top_k, steps=steps, tree_auto=auto,
+                     prompt_lookup=baseline == "prompt-lookup", seed=seed)
+    try:
+        target_config = load_config(spec)
+        check_supported(target_config)
+        check_draft(draft, target_config)
+        n_prompts = sum(len(load_task(t, data, limit)[1]) for t in task)  # fail early on bad tasks
+        target = load_target(spec)
+        tokenizer = load_tokenizer(spec)
+        dev = next(target.parameters()).device
+        d, _ = load_draft(draft, target=target, device=dev)
+        d.eval()
+        with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            job = bar.add_task("prompts", total=n_prompts)
+            results = run_eval(target, tokenizer, d, cfg, progress=lambda: bar.advance(job),
+                               log=lambda m: console.print(m, highlight=False))
+    except (EvalError, UnsupportedTarget, FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    results["target"] = model
+    results["draft"] = str(draft)
+    js, png = write_results(results, out)
+    show(results)
+    console.print(f"wrote {js}" + (f" and {png}" if png else ""))
+    bad = {t: r["mismatches"] for t, r in results["tasks"].items() if r["mismatches"]}
+    if bad:
+        fail("lossless check failed (speculative output differs from greedy): "
+             + "; ".join(f"{t}: {', '.join(map(str, ids))}" for t, ids in bad.items()))
+
+
+def show(results: dict):
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..evaluate import fmt
+
+    out = Console()
+    s = results["settings"]
+    shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
+    t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")
+    has_pl = any("prompt_lookup" in r["tokens_per_s"] for r in results["tasks"].values())
+    for col in ["task", "prompts", "tau", "plain tok/s", "spec tok/s", "speedup"] + (["lookup tok/s"] if has_pl else []) \
+            + ["n-alpha", "lossless"]:
+        t.add_column(col, justify="left" if col in ("task", "n-alpha") else "right")
+    for name, r in results["tasks"].items():
+        tps = r["tokens_per_s"]
+        alpha = " ".join(fmt(a) for a in r["n_alpha"]) if r["n_alpha"] else "-"
+        lossless = {True: "[green]yes[/]", False: "[red]NO[/]", None: "n/a (T>0)"}[r["lossless"]]
+        row = [name, str(r["num_prompts"]), fmt(r["tau"]), fmt(tps["baseline"], ".1f"), fmt(tps["speculative"], ".1f"),
+               fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
+        if has_pl:
+            row.append(fmt(tps.get("prompt_lookup"), ".1f"))
+        t.add_row(*row, alpha, lossless)
+    out.print(t)
+    cats = Table(title="per category")
+    for col in ["task", "category", "prompts", "tau", "plain tok/s", "spec tok/s", "speedup"]:
+        cats.add_column(col, justify="left" if col in ("task", "category") else "right")
+    for c in results["per_category"]:
+        cats.add_row(c["task"], c["category"], str(c["num_prompts"]), fmt(c["tau"]),
+                     fmt(c["tokens_per_s"]["baseline"], ".1f"), fmt(c["tokens_per_s"]["speculative"], ".1f"),
+                     fmt(c["speedup"]) + "x" if c["speedup"] else "-")
+    out.print(cats)
+    for name, r in results["tasks"].items():
+        if r.get("cycle_ms"):
+            ms = r["cycle_ms"]
+            out.print(f"{name}: per cycle draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, "
+                      f"bookkeeping {ms['bookkeeping']:.1f} ms", highlight=False)

@@ -1,0 +1,138 @@
+"""`eagle3 eval` end to end on a tiny model, and the evaluation helpers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle3cli.cli import app
+from eagle3cli.draft import DraftConfig, Eagle3Draft
+from eagle3cli.evaluate import EvalError, choose_tree, load_task, load_turns_file
+from eagle3cli.export import save_draft
+from eagle3cli.generator import SpecOutput
+from eagle3cli.layers import default_layer_ids
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_draft(target_dir, out_dir, hidden=None):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir)
+    over = {} if hidden is None else {"hidden_size": hidden, "target_hidden_size": hidden}
+    dc = DraftConfig.from_target(cfg, 2048, default_layer_ids(cfg.num_hidden_layers), **over)
+    d = Eagle3Draft(dc, embed_weight=None if hidden else target.get_input_embeddings().weight)
+    d.init_weights(seed=0)
+    d.set_vocab(torch.arange(2048))
+    return save_draft(d, out_dir)
+
+
+@pytest.fixture(scope="module")
+def turns_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "mini.jsonl"
+    rows = [
+        {"question_id": 7, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
+        {"question_id": 8, "category": "math", "turns": ["What is 12 times 7?"]},
+        {"question_id": 9, "category": "math", "turns": ["Name three prime numbers."]},
+    ]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "12",
+                            "--tree", "6,3,2", "--baseline", "prompt-lookup"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    t = res["tasks"]["mini"]
+    assert t["num_prompts"] == 3 and t["lossless"] is True and t["mismatches"] == []
+    assert t["tau"] >= 1.0 and t["n_alpha"] is None
+    assert set(t["tokens_per_s"]) == {"baseline", "speculative", "prompt_lookup"}
+    assert all(v > 0 for v in t["tokens_per_s"].values())
+    assert res["settings"]["mode"] == "tree" and res["settings"]["total_tokens"] == 6
+    assert res["settings"]["depth"] == 3 and res["settings"]["top_k"] == 2
+    assert res["target"] == str(smol_tiny_dir) and res["draft"] == str(draft)
+    assert {c["category"] for c in res["per_category"]} == {"writing", "math"}
+    assert (out / "results.png").stat().st_size > 1000
+
+
+def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", str(turns_file),
+                            "--out", str(out), "--max-new-tokens", "8", "--mode", "chain", "--steps", "2",
+                            "--limit", "2"])
+    assert r.exit_code == 0, r.output
+    t = json.loads((out / "results.json").read_text())["tasks"]["mini"]
+    assert t["num_prompts"] == 2 and t["lossless"] is True
+    assert len(t["n_alpha"]) == 2
+
+
+def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft", hidden=32)  # target hidden is 64
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1
+    assert "does not fit this target" in r.output and "hidden" in r.output
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_eval_reports_prompts_longer_than_context(tmp_path, turns_file):
+    from tiny import SMOLLM2_TOKENIZER, save_tiny
+
+    if not SMOLLM2_TOKENIZER.exists():
+        pytest.skip("no tokenizer")
+    target = save_tiny(tmp_path / "t", "llama", tokenizer_dir=SMOLLM2_TOKENIZER, max_position_embeddings=96)
+    draft = make_draft(target, tmp_path / "draft")
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"question_id": "big", "turns": ["word " * 200]}) + "\n"
+                    + turns_file.read_text().splitlines()[1] + "\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(target), "--draft", str(draft), "--task", str(long),
+                            "--out", str(out), "--max-new-tokens", "4", "--tree", "4,2,2"])
+    assert r.exit_code == 0, r.output
+    t = json.loads((out / "results.json").read_text())["tasks"]["long"]
+    assert t["num_prompts"] == 1
+    assert len(t["errors"]) == 1 and "big" in t["errors"][0] and "context of 96" in t["errors"][0]
+
+
+def test_turns_file_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2}\n')
+    with pytest.raises(EvalError, match=r"bad.jsonl:2: expected a record with a non-empty 'turns'"):
+        load_turns_file(bad)
+    with pytest.raises(EvalError, match="unknown task"):
+        load_task("nonsense")
+    with pytest.raises(EvalError, match="--data FILE"):  # offline: the Hub is unreachable in tests
+        load_task("gsm8k")
+    assert [p.id for p in load_turns_file(bad.parent / "bad.jsonl", limit=1)] == ["1"]
+
+
+def test_choose_tree_prefers_small_trees_when_verification_is_expensive():
+    # Calibration: 4 cycles; the accepted path's EAGLE-2 ranks, and depths of candidates in rank order.
+    depths = [1, 1, 2, 1, 2, 3, 2, 3, 4, 4]
+    o = SpecOutput(tokens=[], prompt_len=1, accept_lengths=[4] * 4, drafted=[4] * 4, forwards=4)
+    o.accepted_ranks = [[1, 3, 6]] * 4  # path nodes at depth 1, 2, 3 with ranks 1, 3, 6
+    o.rank_depths = [depths] * 4
+    o.times = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
+    flat = {1: 1.0, 64: 1.0}  # verification costs the same for any size: take the whole path
+    best = choose_tree([o], flat, max_total=10, max_depth=4)
+    assert best["tau"] == 4 and best["total_tokens"] == 6 and best["depth"] == 3
+    steep = {1: 1.0, 2: 1.5, 64: 100.0}  # each extra node is expensive: a chain of 1
+    best = choose_tree([o], steep, max_total=10, max_depth=4)
+    assert (best["total_tokens"], best["depth"], best["tau"]) == (1, 1, 2)
