@@ -105,15 +105,18 @@ def generate(llm, convs: list[list[str]], max_new_tokens: int, max_turns: int) -
 
 def spec_metrics(llm) -> dict:
     """Mean acceptance length and per-position acceptance from vLLM's Prometheus counters."""
-    from vllm.v1.metrics.reader import Counter, Vector
+    return summarize_spec_metrics(llm.get_metrics())
 
+
+def summarize_spec_metrics(metrics) -> dict:
+    """From vllm.v1.metrics.reader objects: Counters carry ``.value``, Vectors ``.values``."""
     counts, per_pos = {}, None
-    for m in llm.get_metrics():
-        if isinstance(m, Counter) and m.name.startswith("vllm:spec_decode_num_"):
+    for m in metrics:
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos" and hasattr(m, "values"):
+            per_pos = list(m.values) if per_pos is None else [a + b for a, b in zip(per_pos, m.values)]
+        elif m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
             key = m.name.removeprefix("vllm:spec_decode_num_")
             counts[key] = counts.get(key, 0) + m.value
-        elif isinstance(m, Vector) and m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            per_pos = list(m.values) if per_pos is None else [a + b for a, b in zip(per_pos, m.values)]
     drafts = counts.get("drafts", 0)
     accepted = counts.get("accepted_tokens", 0)
     return {

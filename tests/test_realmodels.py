@@ -206,3 +206,59 @@ def test_real_smollm2_folder():
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
+
+
+# ---------------------------------------------------------------- benchmarks/vllm_acceptance.py (no vLLM needed)
+
+def _acceptance_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_acceptance.py"
+    spec = importlib.util.spec_from_file_location("vllm_acceptance", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_vllm_acceptance_metrics_summary():
+    from types import SimpleNamespace as M
+
+    va = _acceptance_module()
+    metrics = [  # two engine replicas report separately; their counters add up
+        M(name="vllm:spec_decode_num_drafts", value=6),
+        M(name="vllm:spec_decode_num_drafts", value=4),
+        M(name="vllm:spec_decode_num_draft_tokens", value=30),
+        M(name="vllm:spec_decode_num_accepted_tokens", value=12),
+        M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[4, 3, 1]),
+        M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[2, 1, 1]),
+        M(name="vllm:num_requests_running", value=0),
+    ]
+    s = va.summarize_spec_metrics(metrics)
+    assert (s["num_drafts"], s["num_draft_tokens"], s["num_accepted_tokens"]) == (10, 30, 12)
+    assert s["mean_acceptance_length"] == pytest.approx(2.2)
+    assert s["accepted_per_pos"] == [6, 4, 2]
+    assert s["acceptance_rate_per_pos"] == pytest.approx([0.6, 0.4, 0.2])
+    assert s["draft_acceptance_rate"] == pytest.approx(0.4)
+    assert va.summarize_spec_metrics([])["mean_acceptance_length"] is None
+
+
+def test_vllm_acceptance_prompt_formats_and_compare(tmp_path):
+    va = _acceptance_module()
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 1, "turns": ["a", "b"]},
+        {"id": "x", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "c"},
+                                      {"from": "gpt", "value": "r"}, {"from": "human", "value": "d"}]},
+        {"question": "e"},
+        {"prompt": "f"},
+    ]) + "\n\n")
+    assert va.load_conversations(str(f), None) == [["a", "b"], ["c", "d"], ["e"], ["f"]]
+    assert va.load_conversations(str(f), 2) == [["a", "b"], ["c", "d"]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(SystemExit, match="bad.jsonl:1"):
+        va.load_conversations(str(bad), None)
+    plain = {"answers": [[{"token_ids": [1, 2]}], [{"token_ids": [3]}, {"token_ids": [4]}]]}
+    spec = {"answers": [[{"token_ids": [1, 2]}], [{"token_ids": [3]}, {"token_ids": [5]}]]}
+    assert va.compare(plain, spec) == {"num_compared": 2, "mismatches": [1]}
