@@ -56,24 +56,41 @@ class TrainError(Exception):
 # ---- the store must match the target ---------------------------------------------------------
 
 def template_hash(template: str | None) -> str | None:
-    return hashlib.sha256(template.encode()).hexdigest() if template else None
+    """sha256 of the template string, as gen-data records it (chat_mask.template_hash)."""
+    return hashlib.sha256(template.encode("utf-8")).hexdigest() if template else None
 
 
 def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
-                chat_template: str | None = None):
+                chat_template: str | None = None, model: str | None = None, revision: str | None = None):
     """Refuse a store made for another target, other layers or another chat template."""
     m = store.manifest
     if m.get("format") != "eagle3-features" or int(m.get("version", -1)) != FORMAT_VERSION:
         raise TrainError(f"{store.root} is not an eagle3 feature store of version {FORMAT_VERSION} "
                          f"(format {m.get('format')!r}, version {m.get('version')!r})")
     tc = text_config(target_config)
-    want = {"model_type": getattr(tc, "model_type", None), "hidden_size": tc.hidden_size,
-            "vocab_size": tc.vocab_size, "num_layers": num_layers(target_config)}
+    tid = (m.get("target") or {}).get("id")
+    # Multimodal wrappers (Gemma-3) report the outer or the text model_type: either matches.
+    types = {getattr(target_config, "model_type", None), getattr(tc, "model_type", None)}
+    if m.get("model_type") is not None and m["model_type"] not in types:
+        raise TrainError(f"store {store.root} was made with another target ({tid}: model_type "
+                         f"{m['model_type']}, this target has {getattr(tc, 'model_type', None)})")
+    want = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size, "num_layers": num_layers(target_config)}
     for key, value in want.items():
-        if key in m and m[key] != value:
-            tid = (m.get("target") or {}).get("id")
+        if m.get(key) is not None and m[key] != value:
             raise TrainError(f"store {store.root} was made with another target ({tid}: {key} {m[key]}, "
                              f"this target has {value})")
+    stored_rev = (m.get("target") or {}).get("revision")
+    if stored_rev and revision and stored_rev != revision:
+        raise TrainError(f"store {store.root} was made with revision {stored_rev} of {tid}, --revision is {revision}")
+    if online and model:
+        # No stored features to compare against: the weight fingerprint is the identity.
+        from .gen_data import content_hash
+
+        stored_hash = (m.get("target") or {}).get("content_hash")
+        here = content_hash(model)
+        if stored_hash and here and stored_hash != here:
+            raise TrainError(f"store {store.root} was made with another target: {model}'s weights fingerprint "
+                             f"differs from the one recorded for {tid}")
     expect = parse_layer_ids(layers)
     if expect is not None and tuple(expect) != tuple(m.get("layer_ids", ())):
         raise TrainError(f"store {store.root} holds layers {tuple(m.get('layer_ids', ()))}, "
@@ -339,7 +356,7 @@ class Trainer:
         except (OSError, ValueError) as e:
             raise TrainError(f"cannot load target {self.model_id}: {e}") from None
         check_store(self.store, self.target_config, online=cfg.online, layers=cfg.layers,
-                    chat_template=self._chat_template(spec))
+                    chat_template=self._chat_template(spec), model=self.model_id, revision=cfg.revision)
         self.layer_ids = tuple(int(j) for j in m["layer_ids"])
         self._load_target(spec)
         self._build_draft(m)
@@ -355,9 +372,13 @@ class Trainer:
         try:
             template = load_tokenizer(spec).chat_template
         except (OSError, ValueError):
-            self._say("[yellow]warning:[/] the target has no loadable tokenizer: chat template not checked")
-            return None
-        return template if isinstance(template, str) else None
+            template = None
+        if isinstance(template, dict):  # named templates: apply_chat_template uses "default"
+            template = template.get("default")
+        if not template and self.store.manifest.get("chat_template_hash"):
+            self._say("[yellow]warning:[/] the target has no chat template of its own: pass gen-data's "
+                      "--chat-template to check the store against it")
+        return template or None
 
     def _load_target(self, spec: TargetSpec):
         cfg = self.cfg

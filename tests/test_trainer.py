@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from eagle3cli.export import METADATA_KEY, read_config
 from eagle3cli.features import shard_name, write_json, write_shard
+from eagle3cli.gen_data import content_hash
 from eagle3cli.inspector import inspect_draft
 from eagle3cli.layers import default_layer_ids
 from eagle3cli.target import capture
@@ -60,7 +61,7 @@ def build_store(root: Path, model_dir: Path, n: int = 24, seed: int = 0, feature
     masked = sum(int(s["loss_mask"].sum()) for s in samples)
     write_json(root / "manifest.json", {
         "format": "eagle3-features", "version": 1,
-        "target": {"id": str(model_dir), "revision": None, "content_hash": None},
+        "target": {"id": str(model_dir), "revision": None, "content_hash": content_hash(str(model_dir))},
         "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
         "num_layers": cfg.num_hidden_layers, "layer_ids": list(layers),
         "features": "offline" if features else "none",
@@ -220,6 +221,10 @@ def test_mismatched_store_is_refused(store, target_dir, tmp_path):
         train(config(store, wider, tmp_path / "b"), quiet=True)
     with pytest.raises(TrainError, match=r"holds layers \(2, 4, 5\), --layers asks for \(1, 4, 5\)"):
         train(config(store, target_dir, tmp_path / "c", layers="1,4,5"), quiet=True)
+    longer = peaky_target(tmp_path / "longer", target_dir, max_position_embeddings=1024)
+    tokens = build_store(tmp_path / "tok", target_dir, n=4, features=False)
+    with pytest.raises(TrainError, match="weights fingerprint differs"):
+        train(config(tokens, longer, tmp_path / "e", online=True), quiet=True)
     tpl = tmp_path / "t.jinja"
     tpl.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     with pytest.raises(TrainError, match="another chat template"):
