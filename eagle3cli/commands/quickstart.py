@@ -1,0 +1,52 @@
+"""`eagle3 quickstart`: a real model from nothing to a measured, servable draft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import console, fail
+
+
+def quickstart(
+    out: Path = typer.Option(Path("eagle3-quickstart"), "--out", "-o", help="Working folder (rerun to resume)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
+    samples: int = typer.Option(200, "--samples", help="Training conversations (ShareGPT)."),
+    steps: int = typer.Option(300, "--steps", help="Training steps."),
+    regenerate: bool = typer.Option(True, "--regenerate/--no-regenerate",
+                                    help="Have the target answer the prompts (slower, better draft)."),
+    eval_prompts: int = typer.Option(8, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
+    repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
+):
+    """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..quickstart import QuickstartOptions, run
+
+    opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
+                             eval_prompts=eval_prompts, repo_id=repo)
+    try:
+        res = run(opts, log=lambda m: console.print(m, highlight=False))
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        fail(str(e).splitlines()[0])
+    from ..model_card import sglang_command, vllm_command
+
+    task = res.results["tasks"]["mt_bench"]
+    tps = task["tokens_per_s"]
+    table = Table(title="eagle3 quickstart", show_header=False)
+    table.add_row("target", res.model)
+    table.add_row("tau (mean acceptance length)", f"{task['tau']:.2f}" if task["tau"] else "-")
+    table.add_row("plain decoding", f"{tps['baseline']:.1f} tok/s" if tps.get("baseline") else "-")
+    table.add_row("speculative decoding", f"{tps['speculative']:.1f} tok/s" if tps.get("speculative") else "-")
+    table.add_row("speedup", f"{task['speedup']:.2f}x" if task["speedup"] else "-")
+    table.add_row("lossless (greedy-identical)", "yes" if task["lossless"] else "NO")
+    table.add_row("draft folder", str(res.draft))
+    table.add_row("Hub-ready folder", str(res.hub_folder))
+    table.add_row("wall time", " + ".join(f"{k} {v:.0f}s" for k, v in res.seconds.items()))
+    Console().print(table)
+    Console().print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
+                    f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)

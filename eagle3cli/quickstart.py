@@ -1,0 +1,159 @@
+"""One command from nothing to a measured draft: model -> data -> train -> eval -> export.
+
+Each stage writes into its own folder under ``out`` and is skipped or resumed when a rerun
+finds it done, so an interrupted quickstart picks up where it stopped. Defaults are sized for
+two CPU cores (about 15 minutes); ``samples`` and ``steps`` size it up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+from .layers import text_config
+
+
+@dataclass
+class QuickstartOptions:
+    out: Path = Path("eagle3-quickstart")
+    model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
+    samples: int = 200  # training conversations
+    steps: int = 300  # optimizer steps
+    regenerate: bool = True  # answers from the target itself (what the draft must predict)
+    max_new_tokens: int = 128  # longest regenerated answer
+    max_length: int = 256  # training tokens per conversation
+    draft_vocab_size: str = "8192"
+    ttt_steps: int = 7
+    eval_prompts: int = 8  # mt_bench prompts (both turns)
+    eval_tokens: int = 96
+    tree: tuple[int, int, int] = (16, 4, 4)  # total_tokens, depth, top_k: a CPU wants a small tree
+    seed: int = 0
+    repo_id: str | None = None  # name on the card; default <model>-eagle3
+
+
+@dataclass
+class QuickstartResult:
+    model: str
+    draft: Path
+    hub_folder: Path
+    results: dict
+    seconds: dict = field(default_factory=dict)
+
+
+def bundled_prompts(name: str = "mt_bench") -> Path:
+    return Path(str(files("eagle3cli.prompts").joinpath(f"{name}.jsonl")))
+
+
+def _model(opts: QuickstartOptions, log) -> str:
+    if opts.model:
+        return opts.model
+    from .realmodels import smollm2_dir
+
+    log("[1/6] target: SmolLM2-135M-Instruct (cached after the first run)")
+    return str(smollm2_dir())
+
+
+def _prompts(opts: QuickstartOptions, log) -> Path:
+    from .realmodels import write_sharegpt_subset
+
+    path = opts.out / "prompts.jsonl"
+    if path.exists():
+        return path
+    log(f"[2/6] prompts: {opts.samples} ShareGPT conversations")
+    return write_sharegpt_subset(path, opts.samples, seed=opts.seed)
+
+
+def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log) -> Path:
+    from .gen_data import GenDataOptions, run
+    from .target import TargetSpec
+
+    out = opts.out / "data"
+    log(f"[3/6] gen-data -> {out}" + (" (target regenerates the answers)" if opts.regenerate else ""))
+    run(GenDataOptions(out=out, data=str(prompts), regenerate=opts.regenerate, max_new_tokens=opts.max_new_tokens,
+                       max_length=opts.max_length, seed=opts.seed, batch_size=16, shard_size=64),
+        TargetSpec(model=model))
+    return out
+
+
+def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
+    from .train_config import resolve
+    from .trainer import checkpoint_dirs, train
+
+    out = opts.out / "draft"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        log(f"[4/6] train: {out} already holds the trained draft")
+        return out
+    resume = bool(out.exists() and checkpoint_dirs(out))
+    log(f"[4/6] train -> {out}" + (" (resuming)" if resume else ""))
+    flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
+                 draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
+                 max_tokens=2048, lr=3e-4, save_every=100, seed=opts.seed, resume=resume, val_fraction=0.05)
+    cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
+    train(cfg, recipe)
+    return out
+
+
+def _model_type(model: str) -> str | None:
+    from .target import TargetSpec, load_config
+
+    return getattr(text_config(load_config(TargetSpec(model=model))), "model_type", None)
+
+
+def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
+    from .evaluate import EvalConfig, evaluate, write_results
+    from .export import load_draft
+    from .target import TargetSpec, load_target, load_tokenizer
+
+    out = opts.out / "eval"
+    if (out / "results.json").exists():
+        log(f"[5/6] eval: reusing {out / 'results.json'}")
+        return json.loads((out / "results.json").read_text())
+    log(f"[5/6] eval: {opts.eval_prompts} mt_bench prompts, plain vs speculative decoding")
+    spec = TargetSpec(model=model)
+    target, tok = load_target(spec), load_tokenizer(spec)
+    d, _ = load_draft(draft, target=target)
+    total, depth, top_k = opts.tree
+    cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=opts.eval_prompts,
+                     max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k)
+    results = evaluate(target, tok, d.eval(), cfg, log=lambda m: None)
+    results.update(target=model, draft=str(draft))
+    write_results(results, out)
+    return results
+
+
+def _export(opts: QuickstartOptions, model: str, draft: Path, log) -> Path:
+    from .push import dry_run
+
+    out = opts.out / "hub"
+    repo = opts.repo_id or f"your-name/{Path(model).name}-eagle3"
+    log(f"[6/6] export: the folder `eagle3 push` would upload -> {out}")
+    dry_run(draft, out, repo, eval_results=[opts.out / "eval" / "results.json"])
+    return out
+
+
+def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
+    opts.out = Path(opts.out)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    t, seconds = time.perf_counter(), {}
+
+    def lap(name):
+        nonlocal t
+        now = time.perf_counter()
+        seconds[name] = round(now - t, 1)
+        t = now
+
+    model = _model(opts, log)
+    lap("model")
+    prompts = _prompts(opts, log)
+    data = _gen_data(opts, model, prompts, log)
+    lap("gen-data")
+    draft = _train(opts, model, data, log)
+    lap("train")
+    results = _eval(opts, model, draft, log)
+    lap("eval")
+    hub = _export(opts, model, draft, log)
+    lap("export")
+    return QuickstartResult(model=model, draft=draft, hub_folder=hub, results=results, seconds=seconds)
