@@ -334,8 +334,10 @@ class Trainer:
                 raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
         if not 0 <= cfg.val_fraction < 1:
             raise TrainError(f"--val-fraction must lie in [0, 1), got {cfg.val_fraction}")
-        trackers = [t.strip() for t in (cfg.report_to or "").split(",") if t.strip()]
+        trackers = check_trackers(cfg.report_to)
         cpu = (cfg.device or "").startswith("cpu") or not torch.cuda.is_available()
+        if not cpu and (cfg.device or "").startswith("cuda:") and "LOCAL_RANK" not in os.environ:
+            torch.cuda.set_device(cfg.device)  # a single-process run on the GPU asked for
         self.acc = Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16",
                                log_with=trackers or None, project_dir=cfg.out)
         self.out = Path(cfg.out)
@@ -394,8 +396,9 @@ class Trainer:
             self.head = self.target
         else:
             # Offline: the decoder is only needed for one consistency probe, on the CPU.
-            cpu_spec = TargetSpec(**{**spec.__dict__, "device": "cpu",
-                                     "dtype": "float32" if spec.dtype == "auto" else spec.dtype})
+            # auto: fp32 when training on the CPU, bf16 (half the host memory) for a GPU run.
+            dtype = spec.dtype if spec.dtype != "auto" else ("float32" if self.acc.device.type == "cpu" else "bfloat16")
+            cpu_spec = TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": dtype})
             model = load_target(cpu_spec)
             check_features_match(self.store, model, self.layer_ids)
             self.target = None
@@ -660,6 +663,25 @@ class Trainer:
                 self.console.print(summary_table(metrics, result.step, self.out))
         self.acc.wait_for_everyone()
         return metrics
+
+
+# accelerate tracker name -> the packages that provide it.
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+
+
+def check_trackers(report_to: str | None) -> list[str]:
+    """--report-to names, each known and installed (accelerate would silently drop the others)."""
+    import importlib.util
+
+    names = [t.strip().lower() for t in (report_to or "").split(",") if t.strip()]
+    for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise TrainError(f"--report-to {name}: unknown tracker; choose from {', '.join(TRACKER_PACKAGES)}")
+        if not any(importlib.util.find_spec(p) for p in TRACKER_PACKAGES[name]):
+            raise TrainError(f"--report-to {name} needs the {TRACKER_PACKAGES[name][0]} package: "
+                             f"pip install {TRACKER_PACKAGES[name][0]}")
+    return names
 
 
 def _as_list(x) -> list:

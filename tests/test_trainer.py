@@ -273,3 +273,16 @@ def test_two_process_ddp_ranks_agree(store, target_dir, tmp_path):
     single = train(config(store, target_dir, tmp_path / "one", ttt_steps=2, epochs=1), quiet=True)
     assert not torch.equal(single.draft.state_dict()["fc.weight"], w0["fc.weight"])  # ranks saw half the batches each
     assert inspect_draft(out).ok
+
+
+def test_report_to_names_an_unknown_or_missing_tracker():
+    from eagle3cli.trainer import check_trackers
+
+    assert check_trackers(None) == [] and check_trackers("") == []
+    with pytest.raises(TrainError, match="unknown tracker"):
+        check_trackers("tensorbored")
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(TrainError, match="pip install wandb"):
+            check_trackers("wandb")
