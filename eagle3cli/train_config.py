@@ -59,6 +59,8 @@ class TrainConfig:
     # --- training-time test ---
     ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
+    eval_ttt_steps: int = _f(0, "Steps unrolled for the held-out evaluation (0: --ttt-steps), e.g. 7 to "
+                                "measure a --ttt-steps 1 draft on the 7-step scale.")
     # --- optimisation ---
     lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")

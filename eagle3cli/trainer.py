@@ -46,7 +46,8 @@ CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"
 # Settings that may change between an interrupted run and its resumption (they do not change
 # the trajectory of the weights).
-RESUME_FREE = {"resume", "save_every", "keep_checkpoints", "log_every", "report_to", "out", "device"}
+RESUME_FREE = {"resume", "save_every", "keep_checkpoints", "log_every", "report_to", "out", "device",
+               "eval_ttt_steps"}
 
 
 class TrainError(Exception):
@@ -460,11 +461,17 @@ class Trainer:
         return (ids, aux, mask, teacher.probs, teacher.index), batch["tokens"]
 
     @torch.no_grad()
-    def evaluate(self, model) -> dict | None:
-        """Per-step loss and accuracy on the held-out split (shared across processes)."""
+    def eval_steps(self) -> int:
+        return max(self.cfg.ttt_steps, self.cfg.eval_ttt_steps)
+
+    @torch.no_grad()
+    def evaluate(self, draft) -> dict | None:
+        """Per-step loss and accuracy on the held-out split (shared across processes), unrolled
+        for --eval-ttt-steps (so drafts trained with fewer steps are measured on the same scale)."""
         if not self.val_idx:
             return None
-        meter = Meter(self.cfg.ttt_steps, self.acc.device)
+        model = TTTModel(draft, self.eval_steps(), self.cfg.step_decay)
+        meter = Meter(self.eval_steps(), self.acc.device)
         batches = make_batches(self.val_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, 0)
         for idx in batches[self.acc.process_index::self.acc.num_processes]:
             args, tokens = self._inputs(idx)
@@ -520,7 +527,7 @@ class Trainer:
                         break
                 if stopped:
                     break
-                last_val = self.evaluate(unwrapped)
+                last_val = self.evaluate(unwrapped.draft)
                 if last_val is not None:
                     rec = {"step": step, "epoch": epoch, "val": last_val}
                     history.append(rec)

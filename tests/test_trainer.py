@@ -164,6 +164,14 @@ def test_loss_decreases_and_export_passes_inspect(store, target_dir, tmp_path):
     assert vocab == sorted(vocab) and set(END_IDS) <= set(vocab) and t["t2d"][vocab].all()
 
 
+def test_one_step_draft_is_evaluated_on_the_longer_scale(store, target_dir, tmp_path):
+    res = train(config(store, target_dir, tmp_path / "one", ttt_steps=1, eval_ttt_steps=4, epochs=1), quiet=True)
+    assert all(len(h["acc"]) == 1 for h in res.history if "acc" in h)  # training unrolls one step
+    val = [h["val"] for h in res.history if "val" in h][-1]
+    assert len(val["acc"]) == len(val["loss"]) == 4
+    assert read_config(tmp_path / "one")[METADATA_KEY]["metrics"]["acc"] == [round(a, 4) for a in val["acc"]]
+
+
 def test_resume_is_bit_identical(store, target_dir, tmp_path):
     full = train(config(store, target_dir, tmp_path / "full", save_every=3, val_fraction=0.0), quiet=True)
     cut = config(store, target_dir, tmp_path / "cut", save_every=3, val_fraction=0.0)
