@@ -48,6 +48,15 @@ RESULTS = {
     },
 }
 
+SAMPLED = {  # a second results.json: chain mode, sampling, one task without decode steps
+    "eagle3_version": "0.1.0", "target": TARGET, "draft": "runs/smol/draft", "hardware": "CPU, 2 threads",
+    "settings": {"mode": "chain", "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64, "total_tokens": None,
+                 "depth": None, "top_k": None, "steps": 4, "tree_auto": False},
+    "tasks": {"humaneval": {"num_prompts": 0, "tau": None, "n_alpha": None, "speedup": None,
+                            "tokens_per_s": {"baseline": None, "speculative": None}, "lossless": None,
+                            "mismatches": []}},
+}
+
 runner = CliRunner()
 
 
@@ -75,6 +84,13 @@ def results_file(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="module")
+def sampled_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("eval_sampled") / "results.json"
+    p.write_text(json.dumps(SAMPLED))
+    return p
+
+
 def cli(*args):
     res = runner.invoke(app, ["push", *map(str, args)])
     return res, " ".join(res.output.split())  # rich wraps long lines; compare on words
@@ -83,9 +99,10 @@ def cli(*args):
 # ---------------------------------------------------------------- the dry-run folder
 
 @pytest.fixture(scope="module")
-def dry(draft_dir, results_file, tmp_path_factory):
+def dry(draft_dir, results_file, sampled_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("dry") / "out"
-    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--dry-run", out, "--token", TOKEN)
+    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--eval-results", sampled_file,
+                    "--dry-run", out, "--token", TOKEN)
     assert res.exit_code == 0, res.output
     return out, res.output
 
@@ -137,10 +154,12 @@ def _table_row(text: str, first_cell: str) -> list[str]:
 def test_card_body(dry):
     text = (dry[0] / "README.md").read_text()
     mt = _table_row(text, "mt_bench")
-    assert mt[:6] == ["mt_bench", "10", "2.71", "1.83×", "17.1 → 31.4", "yes"]
-    assert mt[6] == "2x Xeon CPU cores"
-    assert mt[7] == "tree: depth 5, top-k 8, 60 tokens, temperature 0.0, 128 new tokens"
+    assert mt[:7] == ["mt_bench", "10", "2.71", "1.83×", "17.1 → 31.4", "0.71 0.52", "yes"]
+    assert mt[7] == "2x Xeon CPU cores"
+    assert mt[8] == "tree: depth 5, top-k 8, 60 tokens, temperature 0.0, 128 new tokens"
     assert _table_row(text, "gsm8k")[:4] == ["gsm8k", "8", "3.05", "2.12×"]
+    assert _table_row(text, "humaneval") == ["humaneval", "0", "—", "—", "— → —", "—", "n/a (T>0)", "CPU, 2 threads",
+                                             "chain: 4 steps, temperature 0.7, top-p 0.9, 64 new tokens"]
     # layers in both counts, vocab, training record, citation
     assert _table_row(text, "Target layers read (j: input of decoder layer j; vLLM's "
                             "`eagle_aux_hidden_state_layer_ids`)")[1] == "2, 4, 5"
@@ -164,10 +183,11 @@ def test_token_never_written_or_printed(dry):
         assert TOKEN.encode() not in p.read_bytes(), p
 
 
-def test_dry_run_overwrite_rules(dry, draft_dir, results_file, tmp_path):
+def test_dry_run_overwrite_rules(dry, draft_dir, results_file, sampled_file, tmp_path):
     out, _ = dry
     before = (out / "README.md").read_bytes()
-    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--dry-run", out)
+    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--eval-results", sampled_file,
+                    "--dry-run", out)
     assert res.exit_code == 0 and "replacing the earlier dry run of this draft" in text
     assert (out / "README.md").read_bytes() == before  # the card is deterministic
 
@@ -217,7 +237,7 @@ def test_bad_eval_results_is_one_line(draft_dir, tmp_path):
     bad = tmp_path / "results.json"
     bad.write_text(json.dumps({"tasks": {"mt_bench": {"speedup": 1.2}}}))
     res, text = cli(draft_dir, "--repo", REPO, "--eval-results", bad, "--dry-run", tmp_path / "o")
-    assert res.exit_code == 1 and "task 'mt_bench' has no numeric 'tau'" in text
+    assert res.exit_code == 1 and "task 'mt_bench' has no 'tau' (number or null)" in text
     res, text = cli(draft_dir, "--repo", "no-owner", "--dry-run", tmp_path / "o")
     assert res.exit_code == 1 and "expected OWNER/NAME" in text
 
@@ -383,13 +403,14 @@ def hub(monkeypatch):
 
 
 @pytest.mark.parametrize("xet", [True, False], ids=["pipelined", "single-commit"])
-def test_upload_through_fake_hub(hub, dry, draft_dir, results_file, monkeypatch, xet):
+def test_upload_through_fake_hub(hub, dry, draft_dir, results_file, sampled_file, monkeypatch, xet):
     import huggingface_hub.constants
 
     # huggingface_hub uploads through its streamed pipeline when hf_xet is installed, else in one
     # create_commit: both paths must work.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", not xet)
-    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--token", TOKEN)
+    res, text = cli(draft_dir, "--repo", REPO, "--eval-results", results_file, "--eval-results", sampled_file,
+                    "--token", TOKEN)
     assert res.exit_code == 0, res.output
     assert f"pushed {', '.join(FILES)} to {hub.url}/{REPO}" in text
     stored = hub.repos[REPO]["refs"]["main"]
