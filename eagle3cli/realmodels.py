@@ -136,6 +136,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     """Cheap pre-check so offline machines do not wait for the Hub client's retries."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a direct connection says nothing behind a proxy: let the Hub client try
     import socket
     from urllib.parse import urlparse
 
