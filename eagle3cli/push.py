@@ -87,9 +87,24 @@ def resolve_target(config: dict, base_model: str | None = None) -> str:
     if not target:
         raise PushError("the draft's config.json records no target model; pass --base-model OWNER/NAME")
     if not is_hub_id(target):
+        known = _converted_hub_id(target)
+        if known:
+            console.print(f"base model: {known} (the Hub model that {target} was converted from; "
+                          "--base-model overrides)", highlight=False)
+            return known
         raise PushError(f"the draft was trained on the local folder {target}; pass --base-model OWNER/NAME "
                         f"(its Hub id{_hub_id_hint(target)}) so the card and the serving commands name it")
     return target
+
+
+def _converted_hub_id(folder: str) -> str | None:
+    """The Hub id of a real model that realmodels.py converted into ``folder`` (its SOURCE.txt says so)."""
+    from .realmodels import SMOLLM2_HUB_ID, SMOLLM2_NAME
+
+    source = Path(folder) / "SOURCE.txt"
+    if Path(folder).name == SMOLLM2_NAME and source.is_file() and "eagle3cli.realmodels" in source.read_text():
+        return SMOLLM2_HUB_ID
+    return None
 
 
 def _hub_id_hint(folder: str) -> str:

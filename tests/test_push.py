@@ -232,6 +232,15 @@ def test_local_target_needs_base_model(tmp_path):
     assert res.exit_code == 0, res.output
     assert f"vllm serve {TARGET} " in (tmp_path / "o" / "README.md").read_text()
 
+    # the folder eagle3 itself converts SmolLM2 into (realmodels.py) says where it came from
+    (local / "SOURCE.txt").write_text("converted from SmolLM2-135M-Instruct.Q4_1.gguf (float32) by eagle3cli.realmodels\n")
+    res, text = cli(d, "--repo", REPO, "--dry-run", tmp_path / "o2")
+    assert res.exit_code == 0, res.output
+    assert f"base model: {TARGET}" in text
+    from huggingface_hub import ModelCard
+
+    assert ModelCard.load(tmp_path / "o2" / "README.md").data.base_model == TARGET
+
 
 def test_bad_eval_results_is_one_line(draft_dir, tmp_path):
     bad = tmp_path / "results.json"
