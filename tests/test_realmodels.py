@@ -76,6 +76,7 @@ def test_package_file_extracts_from_wheel(tmp_path, monkeypatch):
     got = rm.package_file(("fake-pkg-xyz", "1.0", "fake_pkg_xyz"), "data/file.bin", cache_dir=tmp_path / "c")
     assert got == tmp_path / "c" / "downloads" / "fake_pkg_xyz-1.0" / "data" / "file.bin"
     assert got.read_bytes() == b"\x00payload\xff"
+    assert not wheel.exists()  # extracted once, the wheel is dropped
 
 
 # ---------------------------------------------------------------- GGUF -> HF folder
