@@ -496,7 +496,8 @@ class Trainer:
         if cfg.report_to:
             acc.init_trackers("eagle3", config={k: v for k, v in cfg.to_dict().items() if v is not None})
         view = LiveView(self, enabled=acc.is_main_process and not self.quiet)
-        meter, t0, stopped, last_val = Meter(cfg.ttt_steps, acc.device), time.time(), None, start.get("val")
+        meter, stopped, last_val = Meter(cfg.ttt_steps, acc.device), None, start.get("val")
+        t0, c0 = time.time(), time.process_time()
         with view:
             view.update(step, None, 0.0)
             for epoch in range(epoch0, cfg.epochs):
@@ -511,15 +512,18 @@ class Trainer:
                     step += 1
                     if step % cfg.log_every == 0 or step == self.total_steps:
                         stats = meter.result(acc)
-                        rate = acc.reduce(torch.tensor(float(meter.tokens), device=acc.device), "sum").item() \
-                            / max(1e-9, time.time() - t0)
+                        tokens = acc.reduce(torch.tensor(float(meter.tokens), device=acc.device), "sum").item()
+                        rate = tokens / max(1e-9, time.time() - t0)
                         rec = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                                "loss": _decayed_loss(stats["loss"], cfg.step_decay), "acc": stats["acc"],
-                               "tokens_per_s": rate}
+                               "tokens_per_s": rate, "tokens": int(tokens),
+                               # CPU seconds of this process: a speed measure that other jobs on a
+                               # shared machine do not distort (benchmarks/train_throughput.py).
+                               "cpu_s": time.process_time() - c0}
                         history.append(rec)
                         view.update(step, rec, rate)
                         self._log(rec, step)
-                        meter, t0 = Meter(cfg.ttt_steps, acc.device), time.time()
+                        meter, t0, c0 = Meter(cfg.ttt_steps, acc.device), time.time(), time.process_time()
                     if step % cfg.save_every == 0 and step < self.total_steps:
                         self._save(step, epoch, gi + 1, optimizer, scheduler, history, last_val)
                     if stop_after is not None and step >= stop_after:
