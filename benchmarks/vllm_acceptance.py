@@ -199,12 +199,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-turns", type=int, default=2, help="user turns replayed per conversation")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--mode", choices=["spec", "plain", "both"], default="spec")
-    p.add_argument("--dtype", default="auto", help="vLLM dtype (auto: bf16 on CPU for an fp32 checkpoint)")
+    p.add_argument("--dtype", default=None,
+                   help="vLLM dtype (default: float32 on CPU, where vLLM's auto picks bf16 and ran 2x slower "
+                        "on an AVX2 machine; auto on GPU)")
     p.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM gpu_memory_utilization (CPU: RAM share)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="explicit KV cache size (0 = from --memory-fraction)")
     p.add_argument("--print-outputs", action="store_true", help="print every generated answer")
     p.add_argument("--json-out", help="write the full result (metrics + answers) here")
     args = p.parse_args(argv)
+    if args.dtype is None:
+        import torch
+
+        args.dtype = "auto" if torch.cuda.is_available() else "float32"
     if args.mode != "plain" and not args.draft:
         p.error("--draft is required unless --mode plain")
     if args.draft and not (Path(args.draft) / "config.json").exists():
@@ -214,10 +220,9 @@ def main(argv=None) -> int:
         # Plain decoding in a child process first: two engines in one process would each hold RAM.
         with tempfile.TemporaryDirectory() as tmp:
             plain_json = os.path.join(tmp, "plain.json")
-            child = [sys.executable, __file__, *[a for a in (argv or sys.argv[1:])]]
-            i = child.index("--mode")
-            child[i + 1] = "plain"
-            child += ["--json-out", plain_json]
+            # argparse keeps the last value of a repeated option: these override the caller's.
+            given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--print-outputs"]
+            child = [sys.executable, __file__, *given, "--mode", "plain", "--json-out", plain_json]
             subprocess.run(child, check=True)
             plain = json.loads(Path(plain_json).read_text())
         result = run(args, speculative=True)
