@@ -7,6 +7,7 @@ config with one layer plus the EAGLE-3 keys; the safetensors names carry no ``mo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -132,9 +133,16 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
     tensors = exported_state_dict(draft, dtype)
     tmp = out / f".{WEIGHTS}.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; a published draft is world-readable
     tmp.replace(out / WEIGHTS)
     write_json(out / CONFIG, engine_config(draft.config, dtype, metadata))
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def draft_config_from_json(d: dict) -> DraftConfig:

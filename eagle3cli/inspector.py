@@ -104,8 +104,8 @@ def _check_layer_ids(cfg: dict, rep: InspectReport) -> tuple[int, ...] | None:
     top = cfg.get("eagle_aux_hidden_state_layer_ids")
     sgl = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if top is None:
-        rep.problems.append("config: eagle_aux_hidden_state_layer_ids is missing (vLLM then captures its "
-                            "default layers, which may not be the ones the draft was trained on)")
+        rep.problems.append("config: eagle_aux_hidden_state_layer_ids is missing (vLLM then takes "
+                            "eagle_config's ids without adding 1, one layer off, or its defaults)")
     if sgl is None:
         rep.problems.append("config: eagle_config.eagle_aux_hidden_state_layer_ids is missing (SGLang then "
                             "captures its default layers)")
