@@ -240,11 +240,14 @@ def test_mismatched_store_is_refused(store, target_dir, tmp_path):
 
 
 def test_cli_refuses_mismatch_with_one_line(store, tmp_path, target_dir):
-    r = subprocess.run([sys.executable, "-m", "eagle3cli.cli", "train", "--data", str(store), "--model",
-                        str(target_dir), "--out", str(tmp_path / "o"), "--layers", "1,4,5"],
-                       capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "300"})
-    assert r.returncode == 1
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    from typer.testing import CliRunner
+
+    from eagle3cli.cli import app
+
+    r = CliRunner().invoke(app, ["train", "--data", str(store), "--model", str(target_dir), "--out",
+                                 str(tmp_path / "o"), "--layers", "1,4,5"], env={"COLUMNS": "300"})
+    assert r.exit_code == 1
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "holds layers (2, 4, 5)" in lines[0]
 
 
