@@ -341,6 +341,10 @@ class Trainer:
             torch.cuda.set_device(cfg.device)  # a single-process run on the GPU asked for
         self.acc = Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16",
                                log_with=trackers or None, project_dir=cfg.out)
+        if self.acc.distributed_type.name == "FSDP":
+            # Checkpoints read the draft's own parameters, which FSDP shards; the draft (one layer)
+            # fits on any GPU that can run the target, so data parallelism is all it needs.
+            raise TrainError("FSDP is not supported by eagle3 train: choose DDP (multi-GPU) in the accelerate config")
         self.out = Path(cfg.out)
         try:
             self.store = FeatureStore(cfg.data)
