@@ -47,8 +47,9 @@ def _model_type(flags: dict) -> str | None:
 
     if flags.get("data"):
         manifest = Path(flags["data"]) / "manifest.json"
-        if manifest.exists():
-            return json.loads(manifest.read_text()).get("model_type")
+        if not manifest.exists():
+            fail(f"{flags['data']} is not a feature store (no manifest.json): run `eagle3 gen-data` first")
+        return json.loads(manifest.read_text()).get("model_type")
     if flags.get("model"):
         from ..layers import text_config
         from ..target import TargetSpec, load_config
