@@ -84,6 +84,9 @@ def train(**kwargs):
         result = run_training(cfg, recipe=used, console=console)
     except TrainError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        fail(f"interrupted: checkpoints in {cfg.out}/checkpoints are kept; continue with the same command "
+             "plus --resume", code=130)
     if result.stopped:
         fail(result.stopped)
     console.print(f"draft written to {result.out} (checkpoints in {result.out / 'checkpoints'})", highlight=False)
