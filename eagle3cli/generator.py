@@ -315,7 +315,10 @@ def speculative_generate(
     drafter = as_drafter(draft)
     dev = input_ids.device
     gen = torch.Generator(device=dev)
-    gen.manual_seed(seed if seed is not None else torch.seed() % 2**63)
+    if seed is None:
+        gen.seed()  # fresh entropy for this generator only; the global RNG is left alone
+    else:
+        gen.manual_seed(seed)
     L = input_ids.shape[1]
     max_pos = getattr(text_config(target.config), "max_position_embeddings", None) or 10**9
     if L >= max_pos:
