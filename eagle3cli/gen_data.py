@@ -234,6 +234,10 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: in
         if diff:
             raise GenDataError(f"--out {out} holds a run with different settings ({', '.join(diff)}): pass "
                                "--overwrite to replace it, or choose another --out")
+        if world == 1:  # half-written files of a killed run (never of a live rank: single process only)
+            for d in (out, out / SHARD_DIR, out / REGEN_DIR):
+                for p in d.glob(".*.tmp-*") if d.is_dir() else []:
+                    p.unlink()
         return "resume"
     if existing and overwrite:
         # Only what gen-data writes, and for a multi-rank run only this rank's own shards.
