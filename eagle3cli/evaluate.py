@@ -337,7 +337,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     auto = None
     if cfg.tree_auto and cfg.mode == "tree":
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
-                              "max_new_tokens": 128})
+                              "max_new_tokens": min(64, cfg.max_new_tokens)})
         calib = [spec(f, big) for f in firsts[:3]]
         auto = choose_tree(calib, verify_latency(target, first), 64, 8)
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]

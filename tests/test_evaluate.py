@@ -83,6 +83,21 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     assert len(t["n_alpha"]) == 2
 
 
+def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "6", "--limit", "1",
+                            "--tree", "auto"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    auto = res["settings"]["tree_auto"]
+    assert 1 <= auto["total_tokens"] <= 64 and 1 <= auto["depth"] <= 8
+    assert (res["settings"]["total_tokens"], res["settings"]["depth"]) == (auto["total_tokens"], auto["depth"])
+    assert set(auto["latency_ms"]) == {"1", "2", "4", "8", "12", "16", "24", "32", "48", "64"}
+    assert res["tasks"]["mini"]["lossless"] is True
+
+
 def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):
     draft = make_draft(smol_tiny_dir, tmp_path / "draft", hidden=32)  # target hidden is 64
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",

@@ -36,7 +36,8 @@ def evaluate(
     top_p: float = typer.Option(1.0, "--top-p"),
     sampling_top_k: int = typer.Option(0, "--sampling-top-k", help="Top-k filter of the sampling distribution (0 = off)."),
     mode: str = typer.Option("tree", "--mode", help="tree (EAGLE-2 dynamic tree) or chain."),
-    tree: str = typer.Option("60,8,10", "--tree", help="auto (measured on this hardware) or TOTAL,DEPTH[,TOPK]."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="auto (measured on this hardware) or TOTAL,DEPTH[,TOPK]; "
+                                       "default 60,8,10 on a GPU, 12,4,4 on a CPU."),
     steps: int = typer.Option(3, "--steps", help="Chain mode: drafted tokens per cycle."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="prompt-lookup: add HF prompt-lookup decoding."),
     seed: int = typer.Option(0, "--seed"),
@@ -59,6 +60,11 @@ def evaluate(
         fail("--max-new-tokens and --steps must be at least 1")
     if data and len(task) != 1:
         fail("--data gives the prompts of one task; pass a single --task with it")
+    if tree is None:
+        import torch
+
+        on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        tree = "60,8,10" if on_gpu else "12,4,4"
     try:
         auto, total, depth, top_k = parse_tree(tree)
     except ValueError as e:
