@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # one-line errors stay on one line in logs
 
 Model = typer.Option(..., "--model", "-m", help="Target model: a Hub id or a local folder.")
 Revision = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit) of the target.")
