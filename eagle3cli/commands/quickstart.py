@@ -15,10 +15,10 @@ def quickstart(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
     samples: int = typer.Option(200, "--samples", help="Training conversations (ShareGPT)."),
-    steps: int = typer.Option(300, "--steps", help="Training steps."),
-    regenerate: bool = typer.Option(True, "--regenerate/--no-regenerate",
+    steps: int = typer.Option(60, "--steps", help="Training steps (1024 tokens each)."),
+    regenerate: bool = typer.Option(False, "--regenerate/--no-regenerate",
                                     help="Have the target answer the prompts (slower, better draft)."),
-    eval_prompts: int = typer.Option(8, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
+    eval_prompts: int = typer.Option(4, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
 ):
     """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
