@@ -1,0 +1,1 @@
+"""Prompt sets shipped with the package (see README.md here)."""
