@@ -160,3 +160,4 @@ def test_layers_cli(tmp_path):
     r = CliRunner().invoke(app, ["layers", "--model", str(d)])
     assert r.exit_code == 0, r.output
     assert "N = 30" in r.output and "2, 15, 27" in r.output and "1, 14, 26" in r.output
+    assert "hidden_states[j]" in r.output

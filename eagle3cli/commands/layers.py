@@ -30,7 +30,7 @@ def layers(
     except (ValueError, OSError) as e:
         fail(str(e).splitlines()[0])
     t = text_config(cfg)
-    out = Console()
+    out = Console(markup=False, highlight=False)  # 'hidden_states[j]' is not rich markup
     out.print(f"model            {model} ({getattr(t, 'model_type', '?')})")
     out.print(f"decoder layers   N = {choice.n_layers}")
     out.print(f"hidden size      {t.hidden_size}")
