@@ -72,6 +72,13 @@ def load_turns_file(path: str | Path, limit: int | None = None, default_category
     return out
 
 
+def _bundled(task: str) -> Path | None:
+    from importlib.resources import files
+
+    p = Path(str(files("eagle3cli.prompts").joinpath(f"{task}.jsonl")))
+    return p if p.is_file() else None
+
+
 def load_task(task: str, data: str | None = None, limit: int | None = None) -> tuple[str, list[Prompt]]:
     """(task name, prompts) from --data FILE, a file path given as TASK, or the Hub."""
     if data:
@@ -86,6 +93,9 @@ def load_task(task: str, data: str | None = None, limit: int | None = None) -> t
 
         ds = load_dataset(repo, config, split=split)
     except Exception as e:  # offline, gated, renamed ...
+        bundled = _bundled(task)
+        if bundled is not None:  # shipped with the package (licence permitting): works offline
+            return task, load_turns_file(bundled, limit, task)
         raise EvalError(f"could not load {task} from the Hub ({repo}: {type(e).__name__}); "
                         f"pass --data FILE with a local turns file") from None
     out = []

@@ -151,3 +151,14 @@ def test_choose_tree_prefers_small_trees_when_verification_is_expensive():
     steep = {1: 1.0, 2: 1.5, 64: 100.0}  # each extra node is expensive: a chain of 1
     best = choose_tree([o], steep, max_total=10, max_depth=4)
     assert (best["total_tokens"], best["depth"], best["tau"]) == (1, 1, 2)
+
+
+def test_mt_bench_falls_back_to_the_bundled_questions_offline():
+    """No Hub here (HF_HUB_OFFLINE): mt_bench still loads, from the copy shipped in the package."""
+    from eagle3cli.evaluate import EvalError, load_task
+
+    task, prompts = load_task("mt_bench", limit=3)
+    assert task == "mt_bench" and [p.id for p in prompts] == ["81", "82", "83"]
+    assert all(len(p.turns) == 2 for p in prompts) and prompts[0].category == "writing"
+    with pytest.raises(EvalError, match="pass --data FILE"):
+        load_task("gsm8k", limit=1)  # not bundled: one clear line
