@@ -18,14 +18,6 @@ from eagle3cli.layers import default_layer_ids
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_draft(target_dir, out_dir, hidden=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 

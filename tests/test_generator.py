@@ -24,15 +24,6 @@ from tiny import tiny_model
 NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: extra threads only add contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def random_draft(target, seed=0, keep_every=2):
     cfg = DraftConfig.from_target(target.config, target.config.vocab_size // keep_every,
                                   default_layer_ids(target.config.num_hidden_layers))
