@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .draft import DraftConfig, Eagle3Draft
-from .features import atomic_write_bytes, write_json
+from .features import atomic_write_bytes, default_file_mode, write_json
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -133,16 +133,10 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
     tensors = exported_state_dict(draft, dtype)
     tmp = out / f".{WEIGHTS}.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; a published draft is world-readable
+    os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a published draft is world-readable
     tmp.replace(out / WEIGHTS)
     write_json(out / CONFIG, engine_config(draft.config, dtype, metadata))
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def draft_config_from_json(d: dict) -> DraftConfig:

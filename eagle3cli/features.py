@@ -78,7 +78,15 @@ def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bflo
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "eagle3-features",
                                                                                     "version": str(FORMAT_VERSION)})
     _canonical_header(tmp)
+    os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a store is often shared by a team
     os.replace(tmp, path)
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _canonical_header(path: Path):

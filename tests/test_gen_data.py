@@ -81,6 +81,11 @@ def test_manifest_contract(full_run, smol_tiny_dir):
     assert man["chat_template_hash"] == hashlib.sha256(chat_template(tok).encode()).hexdigest()
     assert man["target"]["id"] == str(smol_tiny_dir) and len(man["target"]["content_hash"]) == 64
     assert store.token_counts(49152).sum() == man["num_masked_tokens"]
+    # shards get the umask's mode like any other file (safetensors alone would leave 0600)
+    from eagle3cli.features import default_file_mode
+
+    assert {p.stat().st_mode & 0o777 for p in (out / "shards").glob("*.safetensors")} == {default_file_mode()}
+    assert default_file_mode() != 0o600
 
 
 def test_regenerated_jsonl_and_masks(full_run, smol_tiny_dir, data_file):
