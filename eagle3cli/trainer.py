@@ -752,6 +752,11 @@ class LiveView:
             info = (f"loss {rec['loss']:.3f}  acc " + " ".join(f"{a:.2f}" for a in rec["acc"])
                     + f"  {rate:,.0f} tok/s")
         self.progress.update(self.task, completed=step, info=info)
+        if rec is not None and not self.progress.console.is_terminal:
+            # a log file gets no live bar (rich draws it once, at the end): one line per log point
+            eta = self.progress.tasks[0].time_remaining
+            eta = f"  eta {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
+            self.progress.console.print(f"step {step}/{self.total}  {info}{eta}", highlight=False)
 
     def note(self, text: str):
         if self.progress is not None:

@@ -172,6 +172,23 @@ def test_one_step_draft_is_evaluated_on_the_longer_scale(store, target_dir, tmp_
     assert read_config(tmp_path / "one")[METADATA_KEY]["metrics"]["acc"] == [round(a, 4) for a in val["acc"]]
 
 
+def test_log_file_gets_one_line_per_log_point(store, target_dir, tmp_path):
+    """Under nohup/CI the rich bar cannot redraw: each log point prints a plain line instead."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    res = train(config(store, target_dir, tmp_path / "log", epochs=1, val_fraction=0.0, log_every=2),
+                console=Console(file=buf, width=200, force_terminal=False))
+    logged = [h for h in res.history if "loss" in h and "step" in h]
+    lines = re.findall(r"^step (\d+)/(\d+)  loss ([0-9.]+)", buf.getvalue(), flags=re.M)
+    assert logged and [int(a) for a, _, _ in lines] == [h["step"] for h in logged]
+    assert {int(b) for _, b, _ in lines} == {res.step}
+    assert [float(c) for _, _, c in lines] == [round(h["loss"], 3) for h in logged]
+
+
 def test_resume_is_bit_identical(store, target_dir, tmp_path):
     full = train(config(store, target_dir, tmp_path / "full", save_every=3, val_fraction=0.0), quiet=True)
     cut = config(store, target_dir, tmp_path / "cut", save_every=3, val_fraction=0.0)
