@@ -50,6 +50,8 @@ def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path):
                             "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "12",
                             "--tree", "6,3,2", "--baseline", "prompt-lookup"])
     assert r.exit_code == 0, r.output
+    assert [ln.split(",")[0] for ln in r.output.splitlines() if ln.startswith("eval: ")] == \
+        ["eval: 1/3 prompts", "eval: 2/3 prompts", "eval: 3/3 prompts"]  # plain progress when not a terminal
     res = json.loads((out / "results.json").read_text())
     t = res["tasks"]["mini"]
     assert t["num_prompts"] == 3 and t["lossless"] is True and t["mismatches"] == []

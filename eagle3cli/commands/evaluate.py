@@ -96,7 +96,15 @@ def evaluate(
         with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             job = bar.add_task("prompts", total=n_prompts)
-            results = run_eval(target, tokenizer, d, cfg, progress=lambda: bar.advance(job),
+
+            def advance():
+                bar.advance(job)
+                if not console.is_terminal:  # a log file gets no live bar: one line per prompt
+                    t = bar.tasks[0]
+                    console.print(f"eval: {int(t.completed)}/{n_prompts} prompts, {int(t.elapsed or 0)} s",
+                                  highlight=False)
+
+            results = run_eval(target, tokenizer, d, cfg, progress=advance,
                                log=lambda m: console.print(m, highlight=False))
     except (EvalError, UnsupportedTarget, FileNotFoundError, ValueError) as e:
         fail(str(e))
