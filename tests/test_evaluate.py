@@ -43,7 +43,8 @@ def turns_file(tmp_path_factory):
     return p
 
 
-def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path):
+def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
@@ -52,6 +53,8 @@ def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert [ln.split(",")[0] for ln in r.output.splitlines() if ln.startswith("eval: ")] == \
         ["eval: 1/3 prompts", "eval: 2/3 prompts", "eval: 3/3 prompts"]  # plain progress when not a terminal
+    header = next(ln for ln in r.output.splitlines() if "task" in ln and "tau" in ln)
+    assert "lookup tok/s" in header and "lossless" in header  # a log keeps the table's full width
     res = json.loads((out / "results.json").read_text())
     t = res["tasks"]["mini"]
     assert t["num_prompts"] == 3 and t["lossless"] is True and t["mismatches"] == []

@@ -9,6 +9,16 @@ from rich.console import Console
 
 console = Console(stderr=True, soft_wrap=True)  # one-line errors stay on one line in logs
 
+
+def report_console(**kw) -> Console:
+    """Stdout console for result tables: a terminal's own width, else wide enough that a log
+    file (nohup, CI) keeps every column readable instead of rich's 80-column default."""
+    import os
+    import sys
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=160 if wide else None, **kw)
+
 Model = typer.Option(..., "--model", "-m", help="Target model: a Hub id or a local folder.")
 Revision = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit) of the target.")
 Dtype = typer.Option("auto", "--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")

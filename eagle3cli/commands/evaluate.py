@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from .common import Adapter, Device, Dtype, Load4, Load8, Model, Revision, TrustRemoteCode, console, fail, target_spec
+from .common import (Adapter, Device, Dtype, Load4, Load8, Model, Revision, TrustRemoteCode, console, fail,
+                     report_console, target_spec)
 
 
 def parse_tree(text: str) -> tuple[bool, int, int, int]:
@@ -120,12 +121,11 @@ def evaluate(
 
 
 def show(results: dict):
-    from rich.console import Console
     from rich.table import Table
 
     from ..evaluate import fmt
 
-    out = Console()
+    out = report_console()
     s = results["settings"]
     shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
     t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, fail
+from .common import console, fail, report_console
 
 
 def quickstart(
@@ -22,7 +22,6 @@ def quickstart(
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
 ):
     """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
-    from rich.console import Console
     from rich.table import Table
 
     from ..quickstart import QuickstartOptions, run
@@ -47,6 +46,6 @@ def quickstart(
     table.add_row("draft folder", str(res.draft))
     table.add_row("Hub-ready folder", str(res.hub_folder))
     table.add_row("wall time", " + ".join(f"{k} {v:.0f}s" for k, v in res.seconds.items()))
-    Console().print(table)
-    Console().print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
+    report_console().print(table)
+    report_console().print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
                     f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from ..train_config import TrainConfig, field_types
-from .common import console, fail
+from .common import console, fail, report_console
 
 RECIPE_HELP = "Recipe: a name (see `eagle3 recipes`), a YAML file, 'auto' (by the target's model_type) or 'none'."
 
@@ -116,6 +116,5 @@ def recipes(name: Optional[str] = typer.Argument(None, help="Show this recipe's 
         types = ", ".join(sorted(t for t, r in FAMILIES.items() if r == n))
         settings = ", ".join(f"{k}={v}" for k, v in raw.items() if k != "description")
         table.add_row(n, types, settings, str(raw.get("description", "")))
-    from rich.console import Console
 
-    Console().print(table)
+    report_console().print(table)
