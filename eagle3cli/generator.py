@@ -334,7 +334,10 @@ def speculative_generate(
         return int(torch.multinomial(target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), 1, generator=gen))
 
     def finished() -> bool:
-        """Apply EOS / stop strings / max_new_tokens to res.tokens (truncating); True if done."""
+        """Apply max_new_tokens / EOS / stop strings to res.tokens (truncating); True if done."""
+        # The cap first: one cycle can accept tokens past it, and an EOS there must not count.
+        capped = len(res.tokens) >= s.max_new_tokens
+        del res.tokens[s.max_new_tokens:]
         for i, t in enumerate(res.tokens):
             if t in stops:
                 del res.tokens[i + 1:]
@@ -342,11 +345,9 @@ def speculative_generate(
                 return True
         if stop_strings and tokenizer is not None and _cut_at_stop(res, tokenizer, stop_strings):
             return True
-        if len(res.tokens) >= s.max_new_tokens:
-            del res.tokens[s.max_new_tokens:]
+        if capped:
             res.stop_reason = "length"
-            return True
-        return False
+        return capped
 
     # Prefill: the prompt through the target; its hidden states seed the drafter.
     t0 = time.perf_counter()

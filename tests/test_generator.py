@@ -265,6 +265,26 @@ def test_eos_and_max_new_tokens():
     assert out.tokens == ref[:9]
 
 
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_eos_just_past_max_new_tokens_is_cut(mode):
+    """One cycle accepts several tokens: an EOS right after the cap must not extend the output
+    (greedy decoding stops at the cap; found on SmolLM2, mt_bench 94, 64 new tokens)."""
+    target = tiny_model("llama")
+    oracle = Oracle(target, sharpen=1e4)  # accepts every drafted token: blocks of depth + 1
+    cases = []
+    for k in range(8):
+        ids = prompt(k)
+        ref = greedy_generate(target, ids, 24, eos_token_id=NO_EOS)
+        # EOS := the token right after the cap (one that has not appeared before it)
+        cases += [(ids, ref, n) for n in range(2, 24) if ref[n] not in ref[:n]]
+    assert len({n % 5 for _, _, n in cases}) == 5  # the EOS lands at every offset of an accepted block
+    for ids, ref, cap in cases:
+        assert greedy_generate(target, ids, cap, eos_token_id=ref[cap]) == ref[:cap]
+        out = speculative_generate(target, oracle, ids, mode=mode, steps=4, depth=4, total_tokens=8, top_k=2,
+                                   max_new_tokens=cap, eos_token_id=ref[cap])
+        assert out.tokens == ref[:cap] and out.stop_reason == "length", cap
+
+
 def test_refuses_sliding_window_and_long_prompts():
     gemma = tiny_model("gemma3_text")
     with pytest.raises(UnsupportedTarget, match="sliding"):
