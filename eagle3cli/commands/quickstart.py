@@ -46,6 +46,7 @@ def quickstart(
     table.add_row("draft folder", str(res.draft))
     table.add_row("Hub-ready folder", str(res.hub_folder))
     table.add_row("wall time", " + ".join(f"{k} {v:.0f}s" for k, v in res.seconds.items()))
-    report_console().print(table)
-    report_console().print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
-                    f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)
+    out = report_console()
+    out.print(table)
+    out.print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
+              f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)
