@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import text_config
+from .hf_utils import text_config
 
 
 @dataclass

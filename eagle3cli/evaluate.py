@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .hf_utils import synchronize
+
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
 
 # Where each task lives on the Hub (users with network), and how a row becomes user turns.
@@ -135,16 +137,11 @@ def hf_generate(target, ids, max_new_tokens: int, temperature: float = 0.0, top_
     return out[0, ids.shape[1]:].tolist()
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device):
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     r = fn()
-    _sync(device)
+    synchronize(device)
     return r, time.perf_counter() - t0
 
 
@@ -463,7 +460,7 @@ def plot(results: dict, path: Path) -> Path | None:
 
 
 def write_results(results: dict, out_dir: str | Path) -> tuple[Path, Path | None]:
-    from .features import write_json
+    from .io_utils import write_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .draft import DraftConfig, Eagle3Draft
-from .features import atomic_write_bytes, default_file_mode, write_json
+from .io_utils import default_file_mode, write_json
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

@@ -29,6 +29,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+# They lived here; still importable from this module (gen_data and trainer do).
+from .io_utils import atomic_write_bytes, default_file_mode, write_json  # noqa: F401
+
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
 FORMAT_VERSION = 1
@@ -36,19 +39,6 @@ FORMAT_VERSION = 1
 
 def shard_name(rank: int, index: int) -> str:
     return f"shard-{rank:02d}-{index:05d}.safetensors"
-
-
-def atomic_write_bytes(path: Path, data: bytes):
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: dict):
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bfloat16):
@@ -80,13 +70,6 @@ def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bflo
     _canonical_header(tmp)
     os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a store is often shared by a team
     os.replace(tmp, path)
-
-
-def default_file_mode() -> int:
-    """The mode a plain ``open()`` would give a new file under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def _canonical_header(path: Path):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import __version__
 from .chat_mask import MaskError, chat_template, end_of_turn_ids, highlight, template_hash, tokenize_conversation
-from .layers import text_config
+from .hf_utils import eos_token_ids, text_config
 from .features import FORMAT_VERSION, MANIFEST, SHARD_DIR, shard_name, write_json, write_shard
 from .sources import Conversation, load_conversations, with_system
 
@@ -375,8 +375,7 @@ class Pipeline:
         self.tokenizer, self.template = self.load_tokenizer()
         self.template_sha = template_hash(self.template)
         self.end_ids = end_of_turn_ids(self.tokenizer)
-        gen_eos = getattr(self.config, "eos_token_id", None)
-        self.stop_ids = set(self.end_ids) | set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None))
 
     def load_data(self):
         from .sources import SourceError

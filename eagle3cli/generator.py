@@ -38,6 +38,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from .hf_utils import eos_token_ids, synchronize as _sync
 from .layers import text_config
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
 
@@ -209,21 +210,15 @@ def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p
     return logits.softmax(-1)
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def eos_ids(model, eos_token_id=None) -> set[int]:
+    """The ids that stop generation: ``eos_token_id`` if given, else the generation config's, else the config's."""
     ids = eos_token_id
     if ids is None:
         gc = getattr(model, "generation_config", None)
         ids = getattr(gc, "eos_token_id", None) if gc is not None else None
         if ids is None:
             ids = getattr(text_config(model.config), "eos_token_id", None)
-    if ids is None:
-        return set()
-    return {int(i) for i in ([ids] if isinstance(ids, int) else ids)}
+    return eos_token_ids(ids)
 
 
 # --------------------------------------------------------------------------------------

@@ -13,12 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
-
-def text_config(config):
-    """The language-model config inside ``config`` (Gemma-3 and multimodal wrappers nest it)."""
-    get = getattr(config, "get_text_config", None)
-    inner = get(decoder=True) if callable(get) else config
-    return inner if inner is not None else config
+from .hf_utils import text_config  # lived here; still importable from this module
 
 
 def num_layers(config) -> int:

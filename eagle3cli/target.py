@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .layers import text_config
+from .hf_utils import text_config
 
 log = logging.getLogger(__name__)
 

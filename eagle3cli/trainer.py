@@ -36,6 +36,7 @@ from . import __version__
 from .draft import DraftConfig, Eagle3Draft
 from .export import METADATA_KEY, save_draft
 from .features import FORMAT_VERSION, FeatureStore, write_json
+from .hf_utils import eos_token_ids
 from .layers import num_layers, parse_layer_ids, text_config
 from .target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
 from .train_config import TrainConfig
@@ -700,9 +701,8 @@ def check_trackers(report_to: str | None) -> list[str]:
 
 
 def _as_list(x) -> list:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
+    """EOS ids (None, one id or a list) as a sorted list: ``hf_utils.eos_token_ids``."""
+    return sorted(eos_token_ids(x))
 
 
 def peak_memory_mb(device) -> float:

@@ -1,0 +1,41 @@
+import torch
+
+from eagle3cli import features, hf_utils, io_utils, layers
+from eagle3cli.generator import eos_ids
+from eagle3cli.trainer import _as_list
+
+
+def test_eos_token_ids_normalises_every_spelling():
+    assert hf_utils.eos_token_ids(None) == set()
+    assert hf_utils.eos_token_ids() == set()
+    assert hf_utils.eos_token_ids(2) == {2}
+    assert hf_utils.eos_token_ids([2, 7]) == {2, 7}
+    assert hf_utils.eos_token_ids((2, None), {9}, 2, None) == {2, 9}
+    assert hf_utils.eos_token_ids(torch.tensor(5)) == {5}
+
+
+def test_old_names_are_thin_aliases():
+    class Cfg:
+        eos_token_id = [4, 3]
+
+    class Model:
+        config = Cfg()
+        generation_config = None
+
+    assert eos_ids(Model()) == {3, 4}
+    assert eos_ids(Model(), eos_token_id=8) == {8}
+    assert _as_list(None) == [] and _as_list(5) == [5] and _as_list([4, 3]) == [3, 4]
+    assert layers.text_config is hf_utils.text_config
+    assert features.write_json is io_utils.write_json
+    assert features.atomic_write_bytes is io_utils.atomic_write_bytes
+    assert features.default_file_mode is io_utils.default_file_mode
+
+
+def test_synchronize_is_a_no_op_on_the_cpu():
+    hf_utils.synchronize(torch.device("cpu"))
+
+
+def test_write_json_is_atomic(tmp_path):
+    io_utils.write_json(tmp_path / "a.json", {"x": 1})
+    assert (tmp_path / "a.json").read_text() == '{\n  "x": 1\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
