@@ -60,8 +60,9 @@ def chat_template(tokenizer) -> str:
     return tpl
 
 
-def template_hash(template: str) -> str:
-    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+def template_hash(template: str | None) -> str | None:
+    """sha256 of the template string: the store's ``chat_template_hash`` (None for no template)."""
+    return hashlib.sha256(template.encode("utf-8")).hexdigest() if template is not None else None
 
 
 def has_generation_markers(template: str) -> bool:

@@ -17,7 +17,6 @@ needs only (epoch, step-in-epoch) besides model, optimizer, scheduler and RNG.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 from . import __version__
+from .chat_mask import template_hash
 from .draft import DraftConfig, Eagle3Draft
 from .export import METADATA_KEY, save_draft
 from .features import FORMAT_VERSION, FeatureStore, write_json
@@ -56,11 +56,6 @@ class TrainError(Exception):
 
 
 # ---- the store must match the target ---------------------------------------------------------
-
-def template_hash(template: str | None) -> str | None:
-    """sha256 of the template string, as gen-data records it (chat_mask.template_hash)."""
-    return hashlib.sha256(template.encode("utf-8")).hexdigest() if template else None
-
 
 def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
                 chat_template: str | None = None, model: str | None = None, revision: str | None = None):
