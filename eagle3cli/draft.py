@@ -13,7 +13,6 @@ state_dict filter.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -224,14 +223,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)), act = ``hidden_act`` (SwiGLU for "silu")."""
+
     def __init__(self, cfg: DraftConfig):
         super().__init__()
+        from transformers.activations import ACT2FN
+
+        if cfg.hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not an activation transformers knows "
+                             f"(e.g. silu, gelu_pytorch_tanh)")
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act_fn = ACT2FN[cfg.hidden_act]
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MidLayer(nn.Module):
@@ -296,7 +303,9 @@ class Eagle3Draft(nn.Module):
 
     def init_weights(self, std: float = 0.02, seed: int | None = None):
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        for mod in [self.fc, self.lm_head, *self.midlayer.self_attn.children(), *self.midlayer.mlp.children()]:
+        layer = self.midlayer
+        linears = [m for m in (*layer.self_attn.children(), *layer.mlp.children()) if isinstance(m, nn.Linear)]
+        for mod in [self.fc, self.lm_head, *linears]:
             with torch.no_grad():
                 w = torch.randn(mod.weight.shape, generator=gen) * std
                 mod.weight.copy_(w.to(mod.weight.dtype))
@@ -350,11 +359,9 @@ class Eagle3Draft(nn.Module):
         return a, self.logits(a)
 
     def num_parameters(self, exported_only: bool = True) -> int:
-        from .export import exported_state_dict
-
-        sd = exported_state_dict(self) if exported_only else self.state_dict()
-        return sum(v.numel() for k, v in sd.items() if k not in ("d2t", "t2d"))
-
-
-def attention_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+        """Weights, vocab maps excluded; ``exported_only`` counts what model.safetensors holds:
+        the frozen embedding copy only when H != Ht (export ships it only then)."""
+        skip = {"d2t", "t2d"}
+        if exported_only and self.config.hidden_size == self.config.target_hidden_size:
+            skip.add("embed_tokens.weight")
+        return sum(v.numel() for k, v in self.state_dict().items() if k not in skip)

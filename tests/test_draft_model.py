@@ -75,3 +75,52 @@ def test_rope_matches_transformers_llama3_scaling():
     ref_cos, ref_sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1), pos)
     torch.testing.assert_close(cos[:, 0], ref_cos, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(sin[:, 0], ref_sin, rtol=1e-6, atol=1e-6)
+
+
+def test_hidden_act_is_honoured(tmp_path):
+    """The MLP applies cfg.hidden_act (transformers' ACT2FN); silu stays the SwiGLU it always was."""
+    from dataclasses import replace
+
+    import torch.nn.functional as F
+
+    from eagle3cli.export import load_draft, save_draft
+
+    _, d = make_draft()
+    mlp = d.midlayer.mlp
+    x = torch.randn(2, 5, d.config.hidden_size)
+    assert torch.equal(mlp(x), mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+    gelu = Eagle3Draft(replace(d.config, hidden_act="gelu_pytorch_tanh"))
+    gelu.load_state_dict(d.state_dict())
+    ids, aux = torch.randint(0, 256, (1, 6)), torch.randn(1, 6, 192)
+    a_silu, _ = d(ids, aux)
+    a_gelu, _ = gelu(ids, aux)
+    assert not torch.allclose(a_silu, a_gelu)
+    # the exported config.json carries it and a reload applies it
+    save_draft(gelu, tmp_path / "gelu", dtype=torch.float32)
+    back, cfg = load_draft(tmp_path / "gelu")
+    assert cfg["hidden_act"] == "gelu_pytorch_tanh" and back.config.hidden_act == "gelu_pytorch_tanh"
+    back.embed_tokens.weight.data.copy_(gelu.embed_tokens.weight)
+    assert torch.equal(back(ids, aux)[0], a_gelu)
+    with pytest.raises(ValueError, match="hidden_act"):
+        Eagle3Draft(replace(d.config, hidden_act="no_such_activation"))
+
+
+def test_init_weights_order_unchanged():
+    """Seeded init draws fc, lm_head, q/k/v/o, gate/up/down in that order (activations skipped)."""
+    _, d = make_draft(seed=3)
+    gen = torch.Generator().manual_seed(3)
+    at, mlp = d.midlayer.self_attn, d.midlayer.mlp
+    for mod in [d.fc, d.lm_head, at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj,
+                mlp.down_proj]:
+        assert torch.equal(mod.weight, torch.randn(mod.weight.shape, generator=gen) * 0.02)
+
+
+@pytest.mark.parametrize("hidden", [None, 32])
+def test_num_parameters_counts_the_export(hidden):
+    from eagle3cli.export import exported_state_dict
+
+    overrides = {} if hidden is None else {"hidden_size": hidden}
+    d = Eagle3Draft(DraftConfig.from_target(tiny_config("llama"), 100, (2, 4, 5), **overrides))
+    exported = sum(v.numel() for k, v in exported_state_dict(d).items() if k not in ("d2t", "t2d"))
+    assert d.num_parameters() == exported
+    assert d.num_parameters(exported_only=False) == exported + (d.embed_tokens.weight.numel() if hidden is None else 0)

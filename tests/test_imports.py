@@ -1,0 +1,135 @@
+"""No import cycles: every module of eagle3cli imports on its own, first, in a fresh interpreter,
+and the whole package imports in several orders; the static import graph (function-level
+imports included) points one way."""
+
+import ast
+import os
+import random
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "eagle3cli"
+
+
+def module_names() -> list[str]:
+    """Every module and subpackage of eagle3cli, found by walking the package (pkgutil)."""
+    code = ("import pkgutil, eagle3cli; print('\\n'.join(m.name for m in "
+            "pkgutil.walk_packages(eagle3cli.__path__, 'eagle3cli.')))")
+    out = _python(code)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split()
+    assert "eagle3cli.draft" in names and "eagle3cli.commands.train" in names
+    return names
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _import_in_order(names: list[str]) -> str | None:
+    """Import ``names`` in that order in a fresh interpreter; the error, or None."""
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except Exception as e:\n"
+            "        sys.exit(f'{name}: {type(e).__name__}: {e}')\n"
+            "import eagle3cli\n"
+            f"assert eagle3cli.__file__.startswith({str(PACKAGE)!r}), eagle3cli.__file__\n")
+    out = _python(code)
+    return None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    names = module_names()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each import is its own fresh process
+        errors = dict(zip(names, pool.map(lambda n: _import_in_order([n]), names)))
+    bad = {n: e for n, e in errors.items() if e}
+    assert not bad, "modules that fail to import on their own:\n" + "\n".join(f"  {n}: {e}" for n, e in bad.items())
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+def test_whole_package_imports_in_any_order(order):
+    names = sorted(module_names())
+    if order == "reversed":
+        names.reverse()
+    elif order == "shuffled":
+        random.Random(14).shuffle(names)
+    assert _import_in_order(names) is None
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the eagle3cli modules it imports, at module level or inside functions."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            else:
+                continue
+            deps.update(t for t in targets if t in files)
+        # importing a package's own name (``from . import __version__``) runs only its __init__
+        graph[name] = {d for d in deps if d != name and not (name.startswith(d + ".") and d == "eagle3cli")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(v):
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state:
+                found = visit(w)
+                if found:
+                    return found
+        path.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state:
+            found = visit(v)
+            if found:
+                return found
+    return None
+
+
+def test_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert {"eagle3cli.draft", "eagle3cli.export", "eagle3cli.hf_utils"} <= set(graph)
+    assert "eagle3cli.draft" in graph["eagle3cli.export"]  # the walk sees imports
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
