@@ -338,7 +338,7 @@ def speculative_generate(
                 del res.tokens[i + 1:]
                 res.stop_reason = "eos"
                 return True
-        if stop_strings and tokenizer is not None and _cut_at_stop(res, tokenizer, stop_strings):
+        if stop_strings and tokenizer is not None and _cut_at_stop_string(res, tokenizer, stop_strings):
             return True
         if capped:
             res.stop_reason = "length"
@@ -417,7 +417,7 @@ def speculative_generate(
     return res
 
 
-def _cut_at_stop(res: SpecOutput, tokenizer, stop_strings) -> bool:
+def _cut_at_stop_string(res: SpecOutput, tokenizer, stop_strings) -> bool:
     """Truncate right after the first token that completes a stop string (as HF generate does)."""
     text = tokenizer.decode(res.tokens)
     if not any(st in text for st in stop_strings):

@@ -61,7 +61,7 @@ class PushResult:
 
 # ---------------------------------------------------------------- building the folder
 
-def check_draft(draft_dir: str | Path) -> dict:
+def inspected_config(draft_dir: str | Path) -> dict:
     """Gate: the draft must pass inspect. Returns its config.json."""
     from .export import read_config
     from .inspector import inspect_draft
@@ -147,7 +147,7 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
     draft, out = Path(draft_dir), Path(out_dir)
     if not HUB_ID.match(repo_id or ""):
         raise PushError(f"--repo {repo_id!r}: expected OWNER/NAME (the card's serving commands need the full id)")
-    config = check_draft(draft)
+    config = inspected_config(draft)
     target = resolve_target(config, base_model)
     results = load_eval_results(eval_results, target, config)
 

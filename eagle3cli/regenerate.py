@@ -60,7 +60,7 @@ def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[str]]:
 # ---------------------------------------------------------------- local HF generation
 
 
-def _cut_at_stop(tokens: list[int], stop_ids: set[int], pad_id: int | None) -> tuple[list[int], bool]:
+def _cut_at_stop_token(tokens: list[int], stop_ids: set[int], pad_id: int | None) -> tuple[list[int], bool]:
     """Generated ids up to (excluding) the first stop token; True if the turn ended there."""
     for i, t in enumerate(tokens):
         if t in stop_ids:
@@ -126,7 +126,7 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
             with torch.no_grad():
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device), **kw)
             for r, i in enumerate(batch):
-                new, ended = _cut_at_stop(out[r, width:].tolist(), stop_ids, pad_id)
+                new, ended = _cut_at_stop_token(out[r, width:].tolist(), stop_ids, pad_id)
                 stats.answers += 1
                 stats.cut += not ended
                 stats.generated_tokens += len(new) + ended
