@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft model (DESIGN.md section 3): one Llama-style decoder layer.
+"""The EAGLE-3 draft model (docs/design.md §3): one Llama-style decoder layer.
 
     g   = fc(cat(h_low, h_mid, h_high))                     # 3*Ht -> H, once per token
     x   = cat(input_layernorm(embed(tok)), hidden_norm(g))  # 2H, embedding first
@@ -272,7 +272,7 @@ class Eagle3Draft(nn.Module):
         if embed_weight is not None:
             self.set_embedding(embed_weight)
         self.rotary = Rotary(cfg)
-        # Draft vocab maps (DESIGN.md 4): target_id = draft_id + d2t[draft_id]; t2d marks members.
+        # Draft vocab maps (docs/design.md §4): target_id = draft_id + d2t[draft_id]; t2d marks members.
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         if cfg.draft_vocab_size == cfg.vocab_size:

@@ -308,7 +308,7 @@ def _hist(xs):
 
 
 def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
-    """Run every task; returns the results dict (common.md schema) plus per-category rows."""
+    """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
     from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
     from .generator import as_drafter
 

@@ -1,4 +1,4 @@
-"""Writing and reading draft directories that SGLang and vLLM load unchanged (DESIGN.md 3-5).
+"""Writing and reading draft directories that SGLang and vLLM load unchanged (docs/design.md §3-§5).
 
 A draft directory holds ``config.json`` and ``model.safetensors``. The config is a Llama
 config with one layer plus the EAGLE-3 keys; the safetensors names carry no ``model.`` prefix.
@@ -21,7 +21,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 METADATA_KEY = "eagle3_training"  # block in config.json recording how the draft was trained
 
-# Exact tensor names of an EAGLE-3 draft (DESIGN.md 3). embed_tokens only when H != Ht.
+# Exact tensor names of an EAGLE-3 draft (docs/design.md §3). embed_tokens only when H != Ht.
 LAYER_WEIGHTS = [
     "midlayer.input_layernorm.weight",
     "midlayer.hidden_norm.weight",
@@ -81,7 +81,7 @@ def exported_state_dict(draft: Eagle3Draft, dtype: torch.dtype | None = None) ->
 
 
 def engine_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16, metadata: dict | None = None) -> dict:
-    """config.json per DESIGN.md 5: what vLLM's and SGLang's Eagle-3 Llama loaders read."""
+    """config.json per docs/design.md §5: what vLLM's and SGLang's Eagle-3 Llama loaders read."""
     rp = dict(cfg.rope_parameters)
     rope_theta = float(rp.get("rope_theta", 10000.0))
     scaling = {k: v for k, v in rp.items() if k != "rope_theta"}

@@ -2,7 +2,7 @@
 
 Layout of a store directory::
 
-    manifest.json                     target, layers, dtype, template hash, counts (see below)
+    manifest.json                     target, layers, dtype, template hash, counts (docs/design.md §9)
     shards/shard-RR-NNNNN.safetensors one file per block of conversations (RR = writer rank)
 
 Each shard concatenates its samples along the token axis (no pickles, one file per block

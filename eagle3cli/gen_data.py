@@ -12,7 +12,7 @@ The pipeline, per shard of ``shard_size`` conversations (shard s is written by r
 4. write ``shards/shard-RR-SSSSS.safetensors`` atomically, then its stats sidecar
    ``shard-RR-SSSSS.json``: a shard whose sidecar exists is finished and a rerun skips it.
 
-``manifest.json`` (contract in features.py / notes) is rewritten after every shard from all the
+``manifest.json`` (fields: docs/design.md §9) is rewritten after every shard from all the
 sidecars present, so the store on disk always describes itself; ``complete`` says whether every
 planned shard is there. The settings that shape the data are recorded under ``run``; a rerun
 with different settings is refused unless ``overwrite``.

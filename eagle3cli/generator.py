@@ -65,7 +65,7 @@ class EagleDrafter:
     """Wraps ``Eagle3Draft``: its own KV cache of the verified prefix plus drafted nodes.
 
     Cache entry t pairs the target's fused features g_t with token t+1, at position t
-    (DESIGN.md 6). A drafted node at depth d pairs its token with its parent's output stream
+    (docs/design.md §7). A drafted node at depth d pairs its token with its parent's output stream
     a, at position (prefix - 1) + d, and attends to the verified prefix and its ancestors.
     """
 
@@ -177,7 +177,7 @@ class SpecOutput:
 
 
 def check_supported(config, total_len: int | None = None):
-    """Refuse targets whose sliding-window layers a tree mask cannot serve (DESIGN.md 8)."""
+    """Refuse targets whose sliding-window layers a tree mask cannot serve (docs/design.md §11)."""
     cfg = text_config(config)
     types = getattr(cfg, "layer_types", None) or []
     window = getattr(cfg, "sliding_window", None)
@@ -448,7 +448,7 @@ def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_to
 
 
 def n_alpha(outputs: Sequence[SpecOutput], max_n: int | None = None) -> list[float | None]:
-    """DESIGN.md 6: alpha_n = P(drafted token n+1 accepted | the first n were accepted), chain runs."""
+    """docs/design.md §8: alpha_n = P(drafted token n+1 accepted | the first n were accepted), chain runs."""
     cycles = [(a - 1, k) for o in outputs for a, k in zip(o.accept_lengths, o.drafted)]
     if not cycles:
         return []

@@ -1,4 +1,4 @@
-"""Validate any EAGLE-3 draft directory against the engines' contracts (DESIGN.md 2-5).
+"""Validate any EAGLE-3 draft directory against the engines' contracts (docs/design.md §2-§5).
 
 Each problem is one line a user can act on. Used by ``eagle3 inspect``, and as the gate in
 front of ``eval`` (draft/target mismatch) and ``push`` (never publish a broken draft).

@@ -1,4 +1,4 @@
-"""Which target layers feed the draft (DESIGN.md section 2).
+"""Which target layers feed the draft (docs/design.md §2).
 
 Convention used everywhere in this package: ``j`` is the index of the residual stream
 *entering* decoder layer j, i.e. ``hidden_states[j]`` of a Hugging Face forward with

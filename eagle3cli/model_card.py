@@ -20,7 +20,7 @@ TAGS = ["eagle3", "eagle", "speculative-decoding"]
 PAPER = "arXiv:2503.01840"
 
 
-# ---------------------------------------------------------------- serving commands (DESIGN.md 5)
+# ---------------------------------------------------------------- serving commands (docs/design.md §5)
 
 def sglang_command(target: str, draft: str) -> str:
     return (f"python -m sglang.launch_server --model {target} --speculative-algorithm EAGLE3 \\\n"

@@ -145,7 +145,7 @@ def capture(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the decoder: returns (aux [B,T,3*Ht], final [B,T,Ht]).
 
-    ``aux`` concatenates ``hidden_states[j]`` for the layer ids in ascending order (DESIGN.md 2);
+    ``aux`` concatenates ``hidden_states[j]`` for the layer ids in ascending order (docs/design.md §2);
     ``final`` is ``hidden_states[N]``, the final-normed state the LM head reads, from which the
     teacher's logits are recomputed later.
     """

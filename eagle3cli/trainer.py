@@ -1,7 +1,7 @@
 """The EAGLE-3 trainer: feature store -> TTT training -> exported draft directory.
 
     store  = FeatureStore(data)                      # gen-data output (features or tokens only)
-    vocab  = build_vocab(store.token_counts(V))      # DESIGN.md 4
+    vocab  = build_vocab(store.token_counts(V))      # docs/design.md §4
     draft  = Eagle3Draft(...)                        # frozen target embedding, random layer
     for each optimizer step:                         # token-budget batches, grad accumulation
         aux, final = stored or target.capture(...)   # offline / --online

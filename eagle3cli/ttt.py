@@ -1,4 +1,4 @@
-"""Training-time test (DESIGN.md 6): the draft is trained on its own outputs.
+"""Training-time test (docs/design.md §6): the draft is trained on its own outputs.
 
 One training sequence of length T is unrolled for S steps. With x the tokens, g = fuse(aux),
 and a^s the draft's output stream at step s::

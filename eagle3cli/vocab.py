@@ -1,4 +1,4 @@
-"""The draft vocabulary (DESIGN.md 4): the most frequent target tokens of the training data.
+"""The draft vocabulary (docs/design.md §4): the most frequent target tokens of the training data.
 
 The draft predicts over a subset of the target vocabulary: the ``N`` tokens that occur most
 often among the loss-masked (assistant) tokens, sorted by target id, plus the tokens that end
