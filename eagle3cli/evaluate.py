@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .hf_utils import synchronize
+from .hf_utils import synchronize, text_config
 
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
 
@@ -318,8 +318,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     settings = SpecSettings(mode=cfg.mode, total_tokens=cfg.total_tokens, depth=cfg.depth, top_k=cfg.top_k,
                             steps=cfg.steps, temperature=cfg.temperature, top_p=cfg.top_p,
                             sampling_top_k=cfg.sampling_top_k, max_new_tokens=cfg.max_new_tokens)
-    max_pos = getattr(getattr(target.config, "get_text_config", lambda **k: target.config)(decoder=True),
-                      "max_position_embeddings", None)
+    max_pos = getattr(text_config(target.config), "max_position_embeddings", None)
     loaded = [load_task(t, cfg.data, cfg.limit) for t in cfg.tasks]
     if not any(ps for _, ps in loaded):
         raise EvalError("no prompts to evaluate")
