@@ -239,3 +239,44 @@ def highlight(tokenizer, ids: list[int], mask: list[bool]):
             out.append(piece, style="bold black on green" if mask[start] else "dim")
             start = i
     return out
+
+
+def exact_answer_labels(tok: Tokenized, messages: list[dict]) -> tuple[list[int], list[bool], int]:
+    """The learned tokens of regenerated answers, made equal to what the target emitted.
+
+    Regeneration records, per answer, the ids the target generated (``token_ids``, its stop
+    token included when the turn ended) and ``finished: False`` for an answer cut by
+    max_new_tokens (always the conversation's last). The template's tokens stay for everything
+    the target read; then
+
+    * the last answer is replaced by its ``token_ids``: exactly the emitted ids, and a cut
+      answer learns no end-of-turn token; without ids (endpoint), a cut answer loses the
+      template's end-of-turn token instead;
+    * an earlier answer whose re-encoded text differs from its ``token_ids`` is not learned
+      (its context is what the target saw, but those tokens are not what it wrote).
+
+    Returns (ids, mask, number of earlier answers left unlearned).
+    """
+    ids, mask = list(tok.input_ids), list(tok.loss_mask)
+    answers = [m for m in messages if m["role"] == "assistant"]
+    runs, start = [], None
+    for i, m in enumerate(mask + [False]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    if not answers or len(runs) != len(answers):
+        return ids, mask, 0  # no regenerated answers, or a template this cannot align
+    unlearned = 0
+    for k, (msg, (s, e)) in enumerate(zip(answers, runs)):
+        emitted = msg.get("token_ids")
+        if k < len(answers) - 1:
+            if emitted is not None and ids[s:e] != list(emitted):
+                mask[s:e] = [False] * (e - s)
+                unlearned += 1
+        elif emitted is not None:
+            ids, mask = ids[:s] + list(emitted), mask[:s] + [True] * len(emitted)
+        elif msg.get("finished") is False:
+            ids, mask = ids[:e - 1], mask[:e - 1]
+    return ids, mask, unlearned

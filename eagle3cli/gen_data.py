@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .chat_mask import MaskError, chat_template, end_of_turn_ids, highlight, template_hash, tokenize_conversation
+from .chat_mask import (MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash,
+                        tokenize_conversation)
 from .hf_utils import eos_token_ids, text_config
 from .features import FORMAT_VERSION, MANIFEST, SHARD_DIR, shard_name, write_json, write_shard
 from .sources import Conversation, load_conversations, with_system
@@ -148,14 +149,17 @@ def content_hash(model: str, gguf_file: str | None = None) -> str | None:
 
 def build_sample(tokenizer, conv: Conversation, max_length: int) -> tuple[dict, bool]:
     """(sample with input_ids/loss_mask lists, truncated?) or MaskError."""
-    tok = tokenize_conversation(tokenizer, conv.messages)
-    ids, mask = tok.input_ids, tok.loss_mask
+    from .regenerate import strip_meta
+
+    tok = tokenize_conversation(tokenizer, strip_meta(conv.messages))
+    ids, mask, unlearned = exact_answer_labels(tok, conv.messages)
     truncated = len(ids) > max_length
     if truncated:
         ids, mask = ids[:max_length], mask[:max_length]
     if not any(mask):
         raise MaskError("no assistant tokens within --max-length" if truncated else "no assistant tokens")
-    return {"sample_id": conv.id, "input_ids": ids, "loss_mask": mask, "end_ids": tok.end_ids}, truncated
+    return {"sample_id": conv.id, "input_ids": ids, "loss_mask": mask, "end_ids": tok.end_ids,
+            "unlearned_answers": unlearned}, truncated
 
 
 def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
@@ -273,10 +277,11 @@ def aggregate(out: Path, base: dict, n_shards: int) -> dict:
         s = json.loads(side.read_text())
         for k in ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes"):
             totals[k] += s[k]
+        totals["unlearned_answers"] += s.get("unlearned_answers", 0)
         skipped.update(s["skipped"])
         ends.update(s["end_token_ids"])
         regen.update(s.get("regeneration") or {})
-    for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated"):
+    for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers"):
         man[k] = totals[k]
     man["skipped"] = dict(skipped)
     man["end_token_ids"] = sorted(ends)
@@ -466,11 +471,9 @@ class Pipeline:
         if self.endpoint is not None:
             results, stats = regenerate_endpoint(self.endpoint, msgs, settings)
         else:
-            import torch
-
-            torch.manual_seed(o.seed * 1_000_003 + index)  # sampling reproducible per shard
             results, stats = regenerate_local(self.model, self.tokenizer, msgs, settings, self.stop_ids,
-                                              on_batch=lambda s: status(f"shard {index}: generating {s}"))
+                                              on_batch=lambda s: status(f"shard {index}: generating {s}"),
+                                              seed=o.seed * 1_000_003 + index)  # reproducible per shard
         stats_d = {"answers": stats.answers, "cut": stats.cut, "dropped_turns": stats.dropped_turns,
                    "generated_tokens": stats.generated_tokens,
                    "rejected": {str(convs[i].id): r for i, r in stats.rejected.items()}}
@@ -487,7 +490,7 @@ class Pipeline:
             regen, regen_stats = self.regenerate(index, convs, status)
             skipped["endpoint rejected the conversation"] += sum(r is None for r in regen)
             convs = [r for r in regen if r is not None]
-        samples, truncated, ends = [], 0, set()
+        samples, truncated, unlearned, ends = [], 0, 0, set()
         for c in convs:
             if o.regenerate and not any(m["role"] == "assistant" for m in c.messages):
                 skipped["first prompt reaches --max-length"] += 1
@@ -498,6 +501,7 @@ class Pipeline:
                 skipped[str(e)] += 1
                 continue
             truncated += cut
+            unlearned += s.pop("unlearned_answers")
             ends |= s.pop("end_ids")
             samples.append(s)
         if self.pending_show:
@@ -519,7 +523,7 @@ class Pipeline:
             "num_samples": len(samples), "num_tokens": sum(int(s["input_ids"].numel()) for s in samples),
             "num_masked_tokens": sum(int(s["loss_mask"].sum()) for s in samples), "truncated": truncated,
             "bytes": path.stat().st_size if samples else 0, "skipped": {k: v for k, v in skipped.items() if v},
-            "end_token_ids": sorted(ends), "regeneration": {k: v for k, v in (regen_stats or {}).items()
+            "end_token_ids": sorted(ends), "unlearned_answers": unlearned, "regeneration": {k: v for k, v in (regen_stats or {}).items()
                                                              if k != "rejected"} or None,
         }
         (self.out / SHARD_DIR).mkdir(parents=True, exist_ok=True)

@@ -60,47 +60,126 @@ def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[str]]:
 # ---------------------------------------------------------------- local HF generation
 
 
-def _cut_at_stop_token(tokens: list[int], stop_ids: set[int], pad_id: int | None) -> tuple[list[int], bool]:
-    """Generated ids up to (excluding) the first stop token; True if the turn ended there."""
+def _split_at_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """Generated ids up to and including the first stop token; True if the turn ended there."""
     for i, t in enumerate(tokens):
         if t in stop_ids:
-            return tokens[:i], True
-    while tokens and pad_id is not None and tokens[-1] == pad_id:
-        tokens = tokens[:-1]
+            return tokens[:i + 1], True
     return tokens, False
+
+
+def _next_tokens(logits, settings: GenSettings, gen):
+    """Greedy argmax, or a draw from the temperature/top-p distribution (as HF applies them)."""
+    import torch
+
+    if settings.temperature <= 0:
+        return logits.argmax(-1)
+    from .generator import target_probs
+
+    probs = target_probs(logits, settings.temperature, 0, settings.top_p)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
+def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_ids: set[int],
+                   pad_id: int, gen=None) -> list[tuple[list[int], bool]]:
+    """Continue every prompt; per prompt (generated ids incl. the stop token, ended?).
+
+    One left-padded prefill, then one token per row per step. A row that ends (stop token or
+    max_new_tokens) leaves the batch at once: its cache rows are dropped, so the steps after
+    it cost only the rows still generating (``generate`` would keep computing it to the end).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from .target import model_device
+
+    device = model_device(model)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):  # left padding: every prompt ends at the last column
+        ids[r, width - len(p):] = torch.tensor(p)
+        attn[r, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+                logits_to_keep=1)
+    alive = list(range(len(prompts)))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ended = [False] * len(prompts)
+    nxt_pos = pos[:, -1]
+    while True:
+        new = _next_tokens(out.logits[:, -1].float(), settings, gen)
+        keep = []
+        for r, (i, t) in enumerate(zip(alive, new.tolist())):
+            tokens[i].append(t)
+            ended[i] = t in stop_ids
+            if not ended[i] and len(tokens[i]) < settings.max_new_tokens:
+                keep.append(r)
+        if not keep:
+            return [(t, e) for t, e in zip(tokens, ended)]
+        if len(keep) < len(alive):
+            sel = torch.tensor(keep, device=device)
+            cache.batch_select_indices(sel)
+            attn, new, nxt_pos = attn[sel], new[sel], nxt_pos[sel]
+            alive = [alive[r] for r in keep]
+        attn = torch.cat([attn, attn.new_ones(len(alive), 1)], dim=1)
+        nxt_pos = nxt_pos + 1
+        out = model(input_ids=new[:, None], attention_mask=attn, position_ids=nxt_pos[:, None], cache=cache,
+                    use_cache=True)
+
+
+def answer_message(tokenizer, ids: list[int], ended: bool, stop_ids: set[int]) -> dict:
+    """The assistant message of one generated answer, with the exact ids the target emitted.
+
+    ``token_ids`` (stop token included when the turn ended) is what the sample learns
+    (chat_mask.exact_answer_labels); ``content`` is the text the next turn sees as context,
+    decoded without stripping so that it re-encodes to the same ids wherever it can.
+    """
+    content = ids[:-1] if ended else ids
+    msg = {"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=False),
+           "token_ids": list(ids)}
+    if not ended:
+        msg["finished"] = False
+    return msg
 
 
 def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings: GenSettings,
                      stop_ids: set[int], on_batch: Callable[[str], None] | None = None,
-                     template_kwargs: dict | None = None) -> tuple[list[list[dict]], RegenStats]:
-    """Answer every user turn of every conversation with the local target, batched by turn."""
+                     template_kwargs: dict | None = None, seed: int | None = None) -> tuple[list[list[dict]], RegenStats]:
+    """Answer every user turn of every conversation with the local target, batched by turn.
+
+    An answer cut by max_new_tokens ends its conversation: a later user turn would follow a
+    reply the target never finished (the turns left are counted as dropped).
+    """
     import torch
 
-    from .target import model_device
-
+    if settings.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {settings.batch_size}")
     template_kwargs = template_kwargs or {}
+    gen = torch.Generator(device=model.device if hasattr(model, "device") else "cpu")
+    gen.manual_seed(0 if seed is None else seed)
     stats = RegenStats()
-    device = model_device(model)
-    pad_id = tokenizer.pad_token_id
-    state = []  # per conversation: (context so far, remaining user turns)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+    state = []  # per conversation: (context so far, remaining user turns, still open?)
     for msgs in conversations:
         system, users = prompt_turns(msgs)
-        state.append((list(system), list(users)))
+        state.append([list(system), list(users), True])
     turn = 0
     while True:
-        active = [i for i, (_, users) in enumerate(state) if len(users) > turn]
+        active = [i for i, (_, users, open_) in enumerate(state) if open_ and len(users) > turn]
         if not active:
             break
         prompts = {}
         for i in active:
-            ctx, users = state[i]
-            if ctx and ctx[-1]["role"] == "user":  # an earlier turn was dropped: stop this one
-                continue
+            ctx, users, _ = state[i]
             ctx.append({"role": "user", "content": users[turn]})
-            text = render(tokenizer, ctx, add_generation_prompt=True, **template_kwargs)
+            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if settings.max_length and len(ids) >= settings.max_length:
                 stats.dropped_turns += len(users) - turn
+                state[i][2] = False
                 continue
             prompts[i] = ids
         # Similar lengths together: less padding; the order is deterministic, so resumed
@@ -111,34 +190,28 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
             if on_batch:
                 on_batch(f"turn {turn + 1}, batch {b // settings.batch_size + 1}/"
                          f"{-(-len(order) // settings.batch_size)}")
-            width = max(len(prompts[i]) for i in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):  # left padding: every prompt ends at the last column
-                ids = prompts[i]
-                input_ids[r, width - len(ids):] = torch.tensor(ids)
-                attn[r, width - len(ids):] = 1
-            kw = dict(max_new_tokens=settings.max_new_tokens, eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
-            if settings.temperature > 0:
-                kw.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p)
-            else:
-                kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             with torch.no_grad():
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device), **kw)
-            for r, i in enumerate(batch):
-                new, ended = _cut_at_stop_token(out[r, width:].tolist(), stop_ids, pad_id)
+                outs = generate_batch(model, [prompts[i] for i in batch], settings, stop_ids, pad_id, gen)
+            for i, (new, ended) in zip(batch, outs):
                 stats.answers += 1
-                stats.cut += not ended
-                stats.generated_tokens += len(new) + ended
-                answer = tokenizer.decode(new, skip_special_tokens=False).strip()
-                state[i][0].append({"role": "assistant", "content": answer})
+                stats.generated_tokens += len(new)
+                state[i][0].append(answer_message(tokenizer, new, ended, stop_ids))
+                if not ended:
+                    stats.cut += 1
+                    stats.dropped_turns += len(state[i][1]) - turn - 1
+                    state[i][2] = False
         turn += 1
     results = []
-    for ctx, _ in state:
+    for ctx, _, _ in state:
         while ctx and ctx[-1]["role"] != "assistant":  # an unanswered (dropped) prompt
             ctx.pop()
         results.append(ctx)
     return results, stats
+
+
+def strip_meta(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates expect them: role and content only."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible server
@@ -215,7 +288,9 @@ class Endpoint:
         if reasoning:
             content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content.lstrip()}"
         tokens = int((out.get("usage") or {}).get("completion_tokens") or 0)
-        return content.strip(), choice.get("finish_reason") != "length", tokens
+        ended = choice.get("finish_reason") != "length"
+        # A cut answer keeps its trailing whitespace: its last tokens are learned as they came.
+        return (content.strip() if ended else content.lstrip()), ended, tokens
 
 
 def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], settings: GenSettings,
@@ -232,13 +307,17 @@ def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], set
         system, users = prompt_turns(conversations[i])
         ctx = list(system)
         try:
-            for u in users:
+            for k, u in enumerate(users):
                 ctx.append({"role": "user", "content": u})
-                answer, ended, ntok = endpoint.answer(ctx, settings)
-                ctx.append({"role": "assistant", "content": answer})
+                answer, ended, ntok = endpoint.answer(strip_meta(ctx), settings)
+                ctx.append({"role": "assistant", "content": answer} if ended else
+                           {"role": "assistant", "content": answer, "finished": False})
                 stats.answers += 1
-                stats.cut += not ended
                 stats.generated_tokens += ntok
+                if not ended:  # a cut answer ends the conversation (see regenerate_local)
+                    stats.cut += 1
+                    stats.dropped_turns += len(users) - k - 1
+                    break
         except EndpointRejected as e:
             if not any(m["role"] == "assistant" for m in ctx):
                 stats.rejected[i] = str(e)

@@ -15,11 +15,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eagle3cli.chat_mask import chat_template, tokenize_conversation
+from eagle3cli.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
 from eagle3cli.cli import app
 from eagle3cli.features import FeatureStore
 from eagle3cli.gen_data import GenDataError, GenDataOptions, bytes_per_token, run
-from eagle3cli.regenerate import Endpoint, GenSettings, regenerate_endpoint
+from eagle3cli.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta
 from eagle3cli.target import TargetSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,14 +101,22 @@ def test_regenerated_jsonl_and_masks(full_run, smol_tiny_dir, data_file):
     for i, r in enumerate(regen):
         msgs = r["messages"]
         # The user turns, in order, each followed by the target's own answer (not the dataset's).
-        assert [m["content"] for m in msgs if m["role"] == "user"] == [t["value"] for t in source[i] if
-                                                                      t["from"] == "human"]
-        assert [m["role"] for m in msgs] == ["user", "assistant"] * len(source[i][::2])
-        assert all(m["content"] not in ("Addition.", f"It is {2 * i}.") for m in msgs if m["role"] == "assistant")
-        expect = tokenize_conversation(tok, msgs)
+        users = [t["value"] for t in source[i] if t["from"] == "human"]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == users[:len(msgs) // 2]
+        answers = [m for m in msgs if m["role"] == "assistant"]
+        assert [m["role"] for m in msgs] == ["user", "assistant"] * len(answers)
+        # Every user turn is answered, unless a cut answer (max_new_tokens 6) ended the conversation.
+        assert len(answers) == len(users) or answers[-1].get("finished") is False
+        assert all(m.get("finished", True) for m in answers[:-1])
+        assert all(m["content"] not in ("Addition.", f"It is {2 * i}.") for m in answers)
+        ids, mask, _ = exact_answer_labels(tokenize_conversation(tok, strip_meta(msgs)), msgs)
         sample = store[i]
-        assert sample["input_ids"].tolist() == expect.input_ids[:96]
-        assert sample["loss_mask"].tolist() == expect.loss_mask[:96]
+        assert sample["input_ids"].tolist() == ids[:96]
+        assert sample["loss_mask"].tolist() == mask[:96]
+        # The last answer's learned tokens are exactly the ids the target emitted.
+        last = answers[-1]["token_ids"]
+        if len(ids) <= 96:
+            assert sample["input_ids"].tolist()[-len(last):] == last and all(sample["loss_mask"][-len(last):])
 
 
 def test_stored_streams_equal_fresh_forward(full_run, smol_tiny_dir):
