@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import Eagle3Error
+
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
 
 # Where each task lives on the Hub (users with network), and how a row becomes user turns.
@@ -34,7 +36,7 @@ HUB = {
 }
 
 
-class EvalError(ValueError):
+class EvalError(Eagle3Error, ValueError):
     """Bad input for eval: one line for the user."""
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .errors import Eagle3Error
 from .chat_mask import MaskError, chat_template, end_of_turn_ids, highlight, template_hash, tokenize_conversation
 from .layers import text_config
 from .features import FORMAT_VERSION, MANIFEST, SHARD_DIR, shard_name, write_json, write_shard
@@ -39,7 +40,7 @@ REGEN_DIR = "regenerated"
 BYTES_PER_VALUE = 2  # bf16 / fp16 features
 
 
-class GenDataError(ValueError):
+class GenDataError(Eagle3Error, ValueError):
     """A problem the user must fix; the message is one line."""
 
 

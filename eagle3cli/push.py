@@ -26,6 +26,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from .errors import Eagle3Error
 from .export import CONFIG, METADATA_KEY, WEIGHTS
 
 TRAINING_FILE = "eagle3_training.json"
@@ -38,7 +39,7 @@ TRIES, WAIT_S = 4, 2.0  # network retries per Hub call: waits 2, 4, 8 s
 console = Console(stderr=True)
 
 
-class PushError(RuntimeError):
+class PushError(Eagle3Error, RuntimeError):
     """A push that cannot go on; the message is one line that says what to do."""
 
 

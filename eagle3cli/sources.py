@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .errors import Eagle3Error
+
 FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")
 
 # Usual corpora -> (Hub id, subset, split). Resolved only when --data names the preset.
@@ -55,7 +57,7 @@ class BadRow(ValueError):
     """A row that cannot become a conversation; the message is the reason (counted as such)."""
 
 
-class SourceError(ValueError):
+class SourceError(Eagle3Error, ValueError):
     """The source itself is unusable (missing file, unknown format, unreachable Hub id)."""
 
 

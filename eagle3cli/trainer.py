@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from . import __version__
+from .errors import Eagle3Error
 from .draft import DraftConfig, Eagle3Draft
 from .export import METADATA_KEY, save_draft
 from .features import FORMAT_VERSION, FeatureStore, write_json
@@ -50,7 +51,7 @@ RESUME_FREE = {"resume", "save_every", "keep_checkpoints", "log_every", "report_
                "eval_ttt_steps"}
 
 
-class TrainError(Exception):
+class TrainError(Eagle3Error):
     """A user-facing problem, reported as one line."""
 
 

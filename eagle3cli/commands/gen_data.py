@@ -84,6 +84,11 @@ def gen_data(
         man = run(opts, spec, common.console)
     except GenDataError as e:
         common.fail(str(e))
+    except KeyboardInterrupt:
+        from ..errors import Interrupted
+
+        raise Interrupted(f"interrupted: finished shards in {out} are kept; run the same command again "
+                          "to resume") from None
     if man is None:
         return
     state = "complete" if man["complete"] else f"{man['shards_done']}/{man['shards_planned']} shards (other ranks pending)"

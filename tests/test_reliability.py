@@ -1,0 +1,99 @@
+"""Issue 13: every fault a one-line error before work is spent, no silent bad output, resume that
+cannot be fooled, and a suite that stands on its own (docs/troubleshooting.md lists each case)."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3cli.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "500", **(env or {})})
+
+
+def error_line(res) -> str:
+    """The single ``error:`` line of a failed command (and no traceback in its output)."""
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    return lines[0]
+
+
+# ---------------------------------------------------------------- the boundary (item 5)
+
+def test_fixtures_live_in_the_repository():
+    from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
+
+    from transformers import AutoTokenizer
+
+    assert (REPO / "tests" / "fixtures" / "tokenizers") in SMOLLM2_TOKENIZER.parents
+    assert "shared" not in QWEN_TOKENIZER.parts  # unpacked from tests/fixtures, not ../shared
+    assert len(AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)) == 49152
+    assert len(AutoTokenizer.from_pretrained(QWEN_TOKENIZER)) == 151936
+    size = sum(p.stat().st_size for p in (REPO / "tests" / "fixtures" / "tokenizers").rglob("*") if p.is_file())
+    assert size < 6_000_000
+
+
+@pytest.fixture
+def gen_data_raises(monkeypatch):
+    """Make gen-data's pipeline raise a given exception, after the CLI parsed its options."""
+    import eagle3cli.gen_data as gd
+
+    def arm(exc):
+        def boom(self):
+            raise exc
+
+        monkeypatch.setattr(gd.Pipeline, "run", boom)
+
+    return arm
+
+
+def test_full_disk_is_one_line(gen_data_raises, tmp_path):
+    gen_data_raises(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "s" / "shard.tmp")))
+    res = invoke("gen-data", "-m", "x/y", "--data", "d.jsonl", "-o", tmp_path / "s")
+    assert res.exit_code == 1
+    assert error_line(res) == (f"error: no space left on the device writing {tmp_path / 's' / 'shard.tmp'}: free "
+                               "some space (or choose another --out) and run the same command again; finished "
+                               "shards and checkpoints are kept")
+
+
+def test_ctrl_c_in_gen_data_says_how_to_resume(gen_data_raises, tmp_path):
+    gen_data_raises(KeyboardInterrupt())
+    res = invoke("gen-data", "-m", "x/y", "--data", "d.jsonl", "-o", tmp_path / "s")
+    assert res.exit_code == 130
+    assert error_line(res) == (f"error: interrupted: finished shards in {tmp_path / 's'} are kept; run the same "
+                               "command again to resume")
+
+
+def test_debug_switch_shows_the_traceback(gen_data_raises, tmp_path):
+    gen_data_raises(OSError(errno.ENOSPC, "No space left on device"))
+    res = invoke("gen-data", "-m", "x/y", "--data", "d.jsonl", "-o", tmp_path / "s", env={"EAGLE3_DEBUG": "1"})
+    assert isinstance(res.exception, OSError) and res.exception.errno == errno.ENOSPC
+
+
+def test_a_bug_keeps_its_traceback(gen_data_raises, tmp_path):
+    gen_data_raises(ValueError("a bug, not a user error"))
+    res = invoke("gen-data", "-m", "x/y", "--data", "d.jsonl", "-o", tmp_path / "s")
+    assert isinstance(res.exception, ValueError) and "error:" not in res.output
+
+
+def test_every_user_error_class_shares_one_base():
+    from eagle3cli.chat_mask import NoChatTemplate
+    from eagle3cli.errors import Eagle3Error
+    from eagle3cli.evaluate import EvalError
+    from eagle3cli.gen_data import GenDataError
+    from eagle3cli.push import DraftRejected, PushError
+    from eagle3cli.sources import SourceError
+    from eagle3cli.trainer import TrainError
+
+    for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate):
+        assert issubclass(cls, Eagle3Error), cls
