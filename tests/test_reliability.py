@@ -97,3 +97,54 @@ def test_every_user_error_class_shares_one_base():
 
     for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate):
         assert issubclass(cls, Eagle3Error), cls
+
+
+# ---------------------------------------------------------------- data files (items 5, 6)
+
+CHAT = {"conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "4."}]}
+
+
+def test_utf8_bom_keeps_the_first_conversation(tmp_path):
+    from eagle3cli.sources import load_conversations
+
+    p = tmp_path / "notepad.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + (json.dumps(CHAT) + "\n").encode() * 2)
+    convs, report = load_conversations(str(p))
+    assert len(convs) == 2 and not report.skipped
+    q = tmp_path / "notepad.json"
+    q.write_bytes(b"\xef\xbb\xbf" + json.dumps([CHAT]).encode())
+    assert len(load_conversations(str(q))[0]) == 1
+
+
+def test_non_utf8_file_is_one_line(smol_tiny_dir, tmp_path):
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes((json.dumps(CHAT) + "\n").encode() + '{"conversations": "caf\xe9"}\n'.encode("latin-1"))
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", p, "--dry-run")
+    assert res.exit_code == 1
+    assert error_line(res) == (f"error: {p}: not UTF-8 text (byte 0xe9 on line 2): save it as UTF-8, "
+                               "e.g. iconv -f latin1 -t utf-8")
+
+
+def test_openai_content_parts_are_joined(tmp_path):
+    from eagle3cli.sources import load_conversations
+
+    rows = [{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                                       {"type": "text", "text": "there"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "Hi!"}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 5}]}]
+    p = tmp_path / "parts.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    convs, report = load_conversations(str(p))
+    assert convs[0].messages == [{"role": "user", "content": "Hello\nthere"}, {"role": "assistant", "content": "Hi!"}]
+    assert dict(report.skipped) == {"non-text content part (image_url) in a user turn": 1,
+                                    "non-string content in an assistant turn": 1}
+
+
+def test_skip_summary_survives_rich_markup(smol_tiny_dir, tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(CHAT) + "\n{not json\n")
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", p, "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert ("data: 1 conversations kept of 2 rows read (format: sharegpt); skipped 1 (malformed JSON: 1); "
+            "first: d.jsonl:2 (malformed JSON)") in res.output
