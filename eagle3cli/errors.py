@@ -84,3 +84,19 @@ def boundary(fn):
             raise typer.Exit(mapped[1]) from None
 
     return run
+
+
+def check_out_dir(path, flag: str = "--out"):
+    """Fail now, before a model is loaded, if ``path`` cannot be (or become) a folder we write to."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise Eagle3Error(f"{flag} {path} is an existing file, not a folder: choose another {flag}")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise Eagle3Error(f"{flag} {path}: {parent} is a file, not a folder: choose another {flag}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Eagle3Error(f"{flag} {path}: no permission to write in {parent}: choose another {flag}")

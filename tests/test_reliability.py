@@ -148,3 +148,117 @@ def test_skip_summary_survives_rich_markup(smol_tiny_dir, tmp_path):
     assert res.exit_code == 0, res.output
     assert ("data: 1 conversations kept of 2 rows read (format: sharegpt); skipped 1 (malformed JSON: 1); "
             "first: d.jsonl:2 (malformed JSON)") in res.output
+
+
+# ---------------------------------------------------------------- eval, inspect, targets (items 1, 2, 5, 6)
+
+@pytest.fixture(scope="module")
+def draft_for_smol(smol_tiny_dir, tmp_path_factory):
+    from test_evaluate import make_draft
+
+    return make_draft(smol_tiny_dir, tmp_path_factory.mktemp("draft") / "d")
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import eagle3cli.target as target
+
+    monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("checked after loading the model"))
+
+
+def test_eval_out_that_is_a_file_fails_before_any_prompt(smol_tiny_dir, draft_for_smol, tmp_path, no_model_load):
+    out = tmp_path / "existing.txt"
+    out.write_text("keep me")
+    res = invoke("eval", "-m", smol_tiny_dir, "-d", draft_for_smol, "--task", "mt_bench", "-o", out)
+    assert res.exit_code == 1
+    assert error_line(res) == f"error: --out {out} is an existing file, not a folder: choose another --out"
+    assert out.read_text() == "keep me"
+
+
+def test_eval_turns_must_be_a_list(tmp_path):
+    from eagle3cli.evaluate import EvalError, load_turns_file
+
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"turns": "not a list"}) + "\n")
+    with pytest.raises(EvalError, match=r"t.jsonl:1: expected a record with a non-empty 'turns' list of strings"):
+        load_turns_file(p)
+
+
+def test_mt_bench_does_not_wait_for_an_unreachable_hub(monkeypatch):
+    import time
+
+    import datasets
+
+    from eagle3cli.evaluate import load_task
+
+    calls = []
+
+    def slow_hub(*a, **k):  # what datasets does here: retry an unreachable Hub for ~46 s, then fail
+        calls.append(a)
+        raise ConnectionError("unreachable")
+
+    monkeypatch.setattr(datasets, "load_dataset", slow_hub)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(var, "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    t0 = time.time()
+    task, prompts = load_task("mt_bench", limit=2)
+    assert (task, [p.id for p in prompts], calls) == ("mt_bench", ["81", "82"], [])
+    assert time.time() - t0 < 5
+
+
+def test_inspect_truncated_weights_is_a_problem_not_a_traceback(draft_for_smol, tmp_path):
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(draft_for_smol, d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    res = invoke("inspect", d)
+    assert res.exit_code == 1 and "Traceback" not in res.output and isinstance(res.exception, SystemExit)
+    assert ("problem: weights: model.safetensors is unreadable (Error while deserializing header: incomplete "
+            "metadata, file not fully covered): export or download it again") in res.output
+    res = invoke("push", d, "--repo", "a/b", "--dry-run", tmp_path / "o")
+    assert res.exit_code == 1 and "unreadable" in res.output and not (tmp_path / "o").exists()
+
+
+def test_config_json_that_is_a_list(draft_for_smol, smol_tiny_dir, tmp_path):
+    import shutil
+
+    d, m = tmp_path / "d", tmp_path / "m"
+    shutil.copytree(draft_for_smol, d)
+    shutil.copytree(smol_tiny_dir, m)
+    for folder in (d, m):
+        (folder / "config.json").write_text("[1, 2]")
+    res = invoke("inspect", d)
+    assert res.exit_code == 1 and "problem: config: config.json holds a JSON list, engines expect an object" in res.output
+    res = invoke("inspect", draft_for_smol, "-m", m)
+    assert error_line(res) == (f"error: {m / 'config.json'} holds a JSON list, not an object: restore the "
+                               "model's config.json")
+
+
+@pytest.mark.parametrize("command", ["gen-data", "eval", "inspect", "train"])
+def test_mistyped_local_model_path_does_not_blame_the_hub(command, smol_tiny_dir, draft_for_smol, tmp_path):
+    typo = str(smol_tiny_dir) + "x"
+    args = {"gen-data": ["gen-data", "-m", typo, "--data", "d.jsonl"],
+            "eval": ["eval", "-m", typo, "-d", draft_for_smol, "-o", tmp_path / "o"],
+            "inspect": ["inspect", draft_for_smol, "-m", typo],
+            "train": ["train", "--model", typo, "--data", tmp_path / "store", "--recipe", "none"]}[command]
+    if command == "train":
+        (tmp_path / "store").mkdir()
+        (tmp_path / "store" / "manifest.json").write_text(json.dumps({"format": "eagle3-features", "version": 1}))
+    line = error_line(invoke(*args))
+    assert f"--model {typo}: no such folder (check the path; a Hub id is OWNER/NAME)" in line
+    assert "huggingface" not in line.lower() and "repo id" not in line.lower()
+
+
+def test_inspect_names_the_real_target_hidden_size(draft_for_smol, tmp_path):
+    from tiny import save_tiny
+
+    big = save_tiny(tmp_path / "big", "llama", hidden_size=96, intermediate_size=128)
+    res = invoke("inspect", draft_for_smol, "-m", big)
+    assert res.exit_code == 1
+    rows = {" ".join(c.split()) for ln in res.output.splitlines() for c in [ln.replace("│", " | ")]}
+    assert f"| --model {big}: hidden / vocab | 96 / 256 |" in rows
+    assert "| hidden / built for target hidden | 64 / 64 |" in rows
+    assert "problem: target: hidden size 96, the draft was built for 64" in res.output
