@@ -262,3 +262,117 @@ def test_inspect_names_the_real_target_hidden_size(draft_for_smol, tmp_path):
     assert f"| --model {big}: hidden / vocab | 96 / 256 |" in rows
     assert "| hidden / built for target hidden | 64 / 64 |" in rows
     assert "problem: target: hidden size 96, the draft was built for 64" in res.output
+
+
+# ---------------------------------------------------------------- gen-data (items 1, 2, 4, 5, 6)
+
+def chats(n=6):
+    return [{"conversations": [{"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},
+                               {"from": "gpt", "value": f"It is {2 * i}."}]} for i in range(n)]
+
+
+@pytest.fixture
+def data6(tmp_path):
+    p = tmp_path / "chats.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in chats()) + "\n")
+    return p
+
+
+def gen(model, data, out, *extra):
+    """gen-data without a model forward (dataset answers, tokens only): fast, same checks."""
+    return invoke("gen-data", "-m", model, "--data", data, "-o", out, "--no-regenerate", "--features", "none",
+                  "--max-length", 96, "--shard-size", 2, *extra)
+
+
+def test_gen_data_max_length_too_small_is_an_error(smol_tiny_dir, data6, tmp_path, no_model_load):
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", data6, "-o", tmp_path / "s", "--max-length", 32)
+    assert res.exit_code == 1
+    assert error_line(res) == ("error: no conversation would give a training sample (6 checked: first prompt "
+                               "reaches --max-length: 6): raise --max-length (now 32)")
+    assert not (tmp_path / "s").exists()
+
+
+def test_chat_template_with_a_jinja_syntax_error(smol_tiny_dir, data6, tmp_path, no_model_load):
+    tpl = tmp_path / "broken.jinja"
+    tpl.write_text("{% for m in messages %}{{ m.content }}\n{% endfor\n")
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", data6, "-o", tmp_path / "s", "--chat-template", tpl)
+    assert res.exit_code == 1
+    line = error_line(res)
+    assert line.startswith(f"error: {tpl}: Jinja syntax error on line 2: ") and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive, got -1.0"),
+    (["--temperature", "nan"], "--temperature must be 0 (greedy) or positive, got nan"),
+    (["--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
+])
+def test_gen_data_generation_options(smol_tiny_dir, data6, tmp_path, no_model_load, flags, message):
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", data6, "-o", tmp_path / "s", *flags)
+    assert res.exit_code == 1 and error_line(res) == f"error: {message}"
+
+
+def test_gen_data_out_that_is_a_file(smol_tiny_dir, data6, tmp_path, no_model_load):
+    out = tmp_path / "existing.txt"
+    out.write_text("keep me")
+    res = invoke("gen-data", "-m", smol_tiny_dir, "--data", data6, "-o", out)
+    assert error_line(res) == f"error: --out {out} is an existing file, not a folder: choose another --out"
+    assert out.read_text() == "keep me"
+
+
+def test_disk_estimate_is_compared_with_free_space(smol_tiny_dir, data6, tmp_path, monkeypatch):
+    import shutil as _shutil
+
+    import eagle3cli.gen_data as gd
+
+    monkeypatch.setattr(gd.shutil, "disk_usage", lambda p: _shutil._ntuple_diskusage(10**6, 10**6 - 100, 100))
+    res = gen(smol_tiny_dir, data6, tmp_path / "s")
+    assert res.exit_code == 1
+    line = error_line(res)
+    assert line.startswith("error: not enough disk space: the remaining shards need ~995 B, ") and line.endswith(
+        f"100 B is free at {tmp_path / 's'}: free space, choose another --out or lower --max-samples "
+        "(--skip-disk-check if the estimate is too high)")
+    assert not list((tmp_path / "s").glob("shards/*"))
+    res = gen(smol_tiny_dir, data6, tmp_path / "s", "--skip-disk-check")
+    assert res.exit_code == 0, res.output
+
+
+def test_same_size_edit_of_the_data_is_not_resumed(smol_tiny_dir, data6, tmp_path):
+    assert gen(smol_tiny_dir, data6, tmp_path / "s").exit_code == 0
+    text = data6.read_text()
+    data6.write_text(text.replace("It is 4.", "It is 5."))  # same size, other content
+    assert data6.stat().st_size == len(text)
+    res = gen(smol_tiny_dir, data6, tmp_path / "s")
+    assert res.exit_code == 1 and "holds a run with different settings (data_fingerprint)" in error_line(res)
+
+
+def test_truncated_shard_with_a_sidecar_is_redone(smol_tiny_dir, data6, tmp_path):
+    out = tmp_path / "s"
+    assert gen(smol_tiny_dir, data6, out).exit_code == 0
+    shard = out / "shards" / "shard-00-00001.safetensors"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-10])
+    other = out / "shards" / "shard-00-00002.safetensors"
+    other.write_bytes(other.read_bytes()[:-1] + b"!")  # same length, other bytes
+    res = gen(smol_tiny_dir, data6, out)
+    assert res.exit_code == 0, res.output
+    assert (f"shard 1: shard-00-00001.safetensors is {len(good) - 10:,} bytes, its sidecar says {len(good):,} "
+            "(truncated or replaced): redoing it") in res.output
+    assert "shard 2: shard-00-00002.safetensors differs from the sha256 its sidecar recorded" in res.output
+    assert "resuming: 1 of 3 shards of this rank already done" in res.output
+    assert shard.read_bytes() == good
+
+
+def test_stray_copy_of_a_shard_is_not_read(smol_tiny_dir, data6, tmp_path):
+    import shutil
+
+    from eagle3cli.features import FeatureStore
+
+    out = tmp_path / "s"
+    assert gen(smol_tiny_dir, data6, out).exit_code == 0
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(out / "shards" / f"shard-00-00000{suffix}", out / "shards" / f"shard-00-00000 (copy){suffix}")
+    store = FeatureStore(out)
+    assert len(store) == store.manifest["num_samples"] == 6 and len(store.shards) == 3
+    res = gen(smol_tiny_dir, data6, out)  # the rerun is not confused by the copy either
+    assert res.exit_code == 0 and "resuming: 3 of 3 shards" in res.output
