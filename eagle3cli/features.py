@@ -69,7 +69,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def shard_problem(sidecar: Path) -> str | None:
+def shard_problem(sidecar: Path, hash: bool = True) -> str | None:
     """Why the shard a sidecar describes cannot be trusted (None: it is what was written).
 
     The sidecar records the file's byte length and sha256: a truncated copy, a file edited or
@@ -87,7 +87,7 @@ def shard_problem(sidecar: Path) -> str | None:
     size = path.stat().st_size
     if stats.get("bytes") is not None and size != stats["bytes"]:
         return f"{stats['file']} is {size:,} bytes, its sidecar says {stats['bytes']:,} (truncated or replaced)"
-    if stats.get("sha256") and file_sha256(path) != stats["sha256"]:
+    if hash and stats.get("sha256") and file_sha256(path) != stats["sha256"]:
         return f"{stats['file']} differs from the sha256 its sidecar recorded (changed after gen-data)"
     return None
 
@@ -186,6 +186,7 @@ class FeatureStore:
             raise FileNotFoundError(f"{self.root} is not a feature store (no {MANIFEST}); run `eagle3 gen-data` first")
         self.manifest = json.loads(mpath.read_text())
         self.shards = store_shard_files(self.root)
+        self.verify(hash=False)  # lengths only (a stat each); problems() also compares the hashes
         self._handles: dict[int, object] = {}
         self._offsets: list[torch.Tensor] = []
         starts = [0]
@@ -210,10 +211,17 @@ class FeatureStore:
             self._handles[i] = h
         return h
 
-    def problems(self) -> list[str]:
+    def problems(self, hash: bool = True) -> list[str]:
         """Every shard that does not match its sidecar (length, sha256): see shard_problem."""
-        found = (shard_problem(p) for p in sidecars(self.root / SHARD_DIR).values())
+        found = (shard_problem(p, hash) for p in sidecars(self.root / SHARD_DIR).values())
         return [p for p in found if p]
+
+    def verify(self, hash: bool):
+        problems = self.problems(hash)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise StoreError(f"store {self.root}: {problems[0]}{more}: run the same gen-data command again to "
+                             "redo it")
 
     def __getstate__(self):  # handles are not picklable (DataLoader workers reopen them)
         d = dict(self.__dict__)
@@ -247,6 +255,30 @@ class FeatureStore:
         if "aux" in h.keys():
             out["aux"] = h.get_slice("aux")[a:b]
             out["final"] = h.get_slice("final")[a:b]
+        return out
+
+    def _masks(self):
+        for i in range(len(self.shards)):
+            yield self._offsets[i], self._open(i).get_tensor("loss_mask")
+
+    def learned_within(self, crop: int) -> list[int]:
+        """Per sample, the loss-masked (learned) tokens among its first ``crop`` tokens."""
+        out = []
+        for off, mask in self._masks():
+            cs = torch.zeros(mask.numel() + 1, dtype=torch.long)
+            cs[1:] = mask.long().cumsum(0)
+            ends = torch.minimum(off[1:], off[:-1] + crop)
+            out += (cs[ends] - cs[off[:-1]]).tolist()
+        return out
+
+    def first_learned(self) -> list[int]:
+        """Per sample with any, the position of its first learned token."""
+        out = []
+        for off, mask in self._masks():
+            for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
+                hit = torch.nonzero(mask[a:b]).flatten()
+                if hit.numel():
+                    out.append(int(hit[0]))
         return out
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:

@@ -376,3 +376,137 @@ def test_stray_copy_of_a_shard_is_not_read(smol_tiny_dir, data6, tmp_path):
     assert len(store) == store.manifest["num_samples"] == 6 and len(store.shards) == 3
     res = gen(smol_tiny_dir, data6, out)  # the rerun is not confused by the copy either
     assert res.exit_code == 0 and "resuming: 3 of 3 shards" in res.output
+
+
+# ---------------------------------------------------------------- train (items 1, 2, 3, 4, 5, 8)
+
+@pytest.fixture(scope="module")
+def token_store(smol_tiny_dir, tmp_path_factory):
+    """A finished tokens-only store of 6 conversations (answers start at token ~42)."""
+    root = tmp_path_factory.mktemp("tokstore")
+    data = root / "chats.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in chats()) + "\n")
+    res = gen(smol_tiny_dir, data, root / "store")
+    assert res.exit_code == 0, res.output
+    return root / "store"
+
+
+def train_args(store, out, *extra):
+    return ["train", "--data", store, "--out", out, "--online", "--recipe", "none", "--draft-vocab-size", 64,
+            "--ttt-steps", 1, "--max-tokens", 256, "--val-fraction", 0, "--epochs", 1, "--log-every", 1, *extra]
+
+
+def test_train_out_that_is_a_file(token_store, tmp_path, no_model_load):
+    out = tmp_path / "existing.txt"
+    out.write_text("keep me")
+    res = invoke(*train_args(token_store, out))
+    assert error_line(res) == f"error: --out {out} is an existing file, not a folder: choose another --out"
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--lr", "1e38"], "--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got 1e+38"),
+    (["--step-decay", "inf"], "--step-decay must be a finite number, got inf"),
+])
+def test_train_refuses_absurd_numbers(token_store, tmp_path, no_model_load, flags, message):
+    res = invoke(*train_args(token_store, tmp_path / "o", *flags))
+    assert res.exit_code == 1 and error_line(res) == f"error: {message}"
+
+
+def test_train_with_no_learned_tokens_is_an_error(token_store, tmp_path):
+    res = invoke(*train_args(token_store, tmp_path / "o", "--max-tokens", 16))
+    assert res.exit_code == 1
+    assert error_line(res) == ("error: no learned tokens: every training sample's assistant tokens lie beyond the "
+                               "first 16 tokens that --max-tokens 16 keeps (the first answer token is at position "
+                               "42): raise --max-tokens")
+    assert not (tmp_path / "o" / "config.json").exists()
+
+
+def test_incomplete_store_is_refused_unless_allowed(smol_tiny_dir, token_store, tmp_path):
+    import shutil
+
+    store = tmp_path / "part"
+    shutil.copytree(token_store, store)
+    (store / "shards" / "shard-00-00001.json").unlink()  # as a rank or a killed run leaves it
+    man = json.loads((store / "manifest.json").read_text())
+    (store / "manifest.json").write_text(json.dumps({**man, "complete": False, "shards_done": 2}))
+    res = invoke(*train_args(store, tmp_path / "o"))
+    assert res.exit_code == 1
+    assert error_line(res) == (f"error: store {store} is incomplete: 2 of 3 shards are done (missing: 1): finish it "
+                               "by running the same gen-data command again (every --shard rank), or pass "
+                               "--allow-incomplete to train on what is there")
+    res = invoke(*train_args(store, tmp_path / "o", "--allow-incomplete", "--max-steps", 20))
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"warning: store {store} is incomplete (2 of 3 shards are done (missing: 1)); training on it" in text
+    # 4 samples of ~50 tokens in 256-token batches: one epoch is 1 step, well before --max-steps 20
+    plan = "the 1 epoch of 1 steps end the run before --max-steps 20: raise --epochs (or add data) to train longer"
+    assert f"plan: 1 optimizer steps ({plan})" in text and f"stopped after 1 optimizer steps: {plan}" in text
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["eagle3_training"]["num_samples"] == 4
+
+
+def test_train_refuses_a_truncated_shard(token_store, tmp_path, no_model_load):
+    import shutil
+
+    store = tmp_path / "s"
+    shutil.copytree(token_store, store)
+    shard = store / "shards" / "shard-00-00002.safetensors"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:100])
+    res = invoke(*train_args(store, tmp_path / "o"))
+    assert error_line(res) == (f"error: store {store}: shard-00-00002.safetensors is 100 bytes, its sidecar says "
+                               f"{size:,} (truncated or replaced): run the same gen-data command again to redo it")
+
+
+def test_corrupt_optimizer_state_on_resume(token_store, smol_tiny_dir, tmp_path):
+    from eagle3cli.train_config import TrainConfig
+    from eagle3cli.trainer import train
+
+    out = tmp_path / "o"
+    cfg = TrainConfig(data=str(token_store), out=str(out), online=True, draft_vocab_size="64", ttt_steps=1,
+                      max_tokens=128, val_fraction=0.0, epochs=3, save_every=1, log_every=1)
+    train(cfg, quiet=True, stop_after=2)
+    last = out / "checkpoints" / "step-00000002"
+    (last / "optim.pt").write_bytes(b"not a checkpoint")
+    res = invoke("train", "--data", token_store, "--out", out, "--online", "--recipe", "none", "--draft-vocab-size",
+                 "64", "--ttt-steps", 1, "--max-tokens", 128, "--val-fraction", 0, "--epochs", 3, "--save-every", 1,
+                 "--log-every", 1, "--resume")
+    line = error_line(res)
+    assert line.startswith(f"error: checkpoint {last} is unreadable (optim.pt: ") and line.endswith(
+        f"): delete {last} to resume from step-00000001")
+    assert (last / "trainer_state.json").exists()  # nothing deleted on the user's behalf
+
+
+def test_published_files_carry_no_local_paths(token_store, smol_tiny_dir, tmp_path):
+    res = invoke(*train_args(token_store, tmp_path / "o", "--model", smol_tiny_dir))
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / "o" / "config.json").read_text())["eagle3_training"]
+    assert meta["data"] == "chats.jsonl (the dataset's own answers)"
+    res = invoke("push", tmp_path / "o", "--repo", "me/smol-eagle3", "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 "--dataset-id", "Aeala/ShareGPT_Vicuna_unfiltered", "--dry-run", tmp_path / "pub")
+    assert res.exit_code == 0, res.output
+    for name in ("config.json", "eagle3_training.json", "README.md"):
+        text = (tmp_path / "pub" / name).read_text()
+        assert str(tmp_path) not in text and "/tmp/" not in text, name
+    pub = json.loads((tmp_path / "pub" / "eagle3_training.json").read_text())
+    assert pub["target"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert pub["datasets"] == ["Aeala/ShareGPT_Vicuna_unfiltered"]
+    from huggingface_hub import ModelCard
+
+    assert ModelCard.load(tmp_path / "pub" / "README.md").data.datasets == ["Aeala/ShareGPT_Vicuna_unfiltered"]
+    # the dry run can be repeated into the same folder (its config differs from the draft's record only)
+    assert invoke("push", tmp_path / "o", "--repo", "me/smol-eagle3", "--base-model",
+                  "HuggingFaceTB/SmolLM2-135M-Instruct", "--dry-run", tmp_path / "pub").exit_code == 0
+
+
+def test_push_without_a_token_fails_before_the_network(draft_for_smol, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **k: pytest.fail("went to the network"))
+    res = invoke("push", draft_for_smol, "--repo", "me/x", "--base-model", "a/b")
+    assert res.exit_code == 1
+    assert error_line(res) == ("error: no Hub token: log in with `hf auth login`, set HF_TOKEN or pass --token "
+                               "(--dry-run OUT_DIR needs none)")

@@ -89,6 +89,7 @@ def train(**kwargs):
              "plus --resume", code=130)
     if result.stopped:
         fail(result.stopped)
+    console.print(f"stopped after {result.step} optimizer steps: {result.limit}", highlight=False)
     console.print(f"draft written to {result.out} (checkpoints in {result.out / 'checkpoints'})", highlight=False)
 
 
