@@ -56,7 +56,7 @@ def message_for(e: BaseException) -> tuple[str, int] | None:
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return disk_full_message(e), 1
     if isinstance(e, KeyboardInterrupt):
-        return "interrupted: finished work is kept; run the same command again to continue", INTERRUPTED
+        return "interrupted (Ctrl-C)", INTERRUPTED  # gen-data and train say what is kept themselves
     return None
 
 

@@ -184,7 +184,10 @@ class FeatureStore:
         mpath = self.root / MANIFEST
         if not mpath.exists():
             raise FileNotFoundError(f"{self.root} is not a feature store (no {MANIFEST}); run `eagle3 gen-data` first")
-        self.manifest = json.loads(mpath.read_text())
+        try:
+            self.manifest = json.loads(mpath.read_text())
+        except ValueError as e:  # JSON or UTF-8: the manifest is rewritten by every gen-data run
+            raise StoreError(f"{mpath} is not valid JSON ({e}): run the same gen-data command again") from None
         self.shards = store_shard_files(self.root)
         self.verify(hash=False)  # lengths only (a stat each); problems() also compares the hashes
         self._handles: dict[int, object] = {}

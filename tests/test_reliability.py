@@ -510,3 +510,39 @@ def test_push_without_a_token_fails_before_the_network(draft_for_smol, tmp_path,
     assert res.exit_code == 1
     assert error_line(res) == ("error: no Hub token: log in with `hf auth login`, set HF_TOKEN or pass --token "
                                "(--dry-run OUT_DIR needs none)")
+
+
+def test_full_disk_during_training_is_one_line(token_store, tmp_path, monkeypatch):
+    import eagle3cli.trainer as trainer
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "o" / "checkpoints"))
+
+    monkeypatch.setattr(trainer, "train", full)
+    res = invoke(*train_args(token_store, tmp_path / "o"))
+    assert res.exit_code == 1
+    assert error_line(res).startswith(f"error: no space left on the device writing {tmp_path / 'o' / 'checkpoints'}: ")
+
+
+def test_garbled_manifest_is_one_line(token_store, tmp_path):
+    import shutil
+
+    store = tmp_path / "s"
+    shutil.copytree(token_store, store)
+    (store / "manifest.json").write_text('{"format": "eagle3-fea')
+    res = invoke("train", "--data", store, "--out", tmp_path / "o")  # --recipe auto reads the manifest first
+    assert error_line(res).startswith(f"error: {store / 'manifest.json'} is not valid JSON (")
+    res = invoke(*train_args(store, tmp_path / "o"))
+    assert error_line(res).endswith("): run the same gen-data command again")
+
+
+def test_eval_refuses_a_garbled_draft_before_loading(smol_tiny_dir, draft_for_smol, tmp_path, no_model_load):
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(draft_for_smol, d)
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage}")
+    res = invoke("eval", "-m", smol_tiny_dir, "-d", d, "-o", tmp_path / "o")
+    assert res.exit_code == 1
+    assert error_line(res).startswith(f"error: draft {d} does not fit this target: weights: model.safetensors is "
+                                      "unreadable (")

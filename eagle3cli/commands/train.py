@@ -49,7 +49,10 @@ def _model_type(flags: dict) -> str | None:
         manifest = Path(flags["data"]) / "manifest.json"
         if not manifest.exists():
             fail(f"{flags['data']} is not a feature store (no manifest.json): run `eagle3 gen-data` first")
-        return json.loads(manifest.read_text()).get("model_type")
+        try:
+            return json.loads(manifest.read_text()).get("model_type")
+        except ValueError as e:
+            fail(f"{manifest} is not valid JSON ({e}): run the same gen-data command again")
     if flags.get("model"):
         from ..layers import text_config
         from ..target import TargetSpec, load_config
