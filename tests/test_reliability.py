@@ -546,3 +546,16 @@ def test_eval_refuses_a_garbled_draft_before_loading(smol_tiny_dir, draft_for_sm
     assert res.exit_code == 1
     assert error_line(res).startswith(f"error: draft {d} does not fit this target: weights: model.safetensors is "
                                       "unreadable (")
+
+
+def test_ctrl_c_in_train_says_how_to_resume(token_store, tmp_path, monkeypatch):
+    import eagle3cli.trainer as trainer
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    res = invoke(*train_args(token_store, tmp_path / "o"))
+    assert res.exit_code == 130
+    assert error_line(res) == (f"error: interrupted: checkpoints in {tmp_path / 'o'}/checkpoints are kept; continue "
+                               "with the same command plus --resume")
