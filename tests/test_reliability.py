@@ -559,3 +559,14 @@ def test_ctrl_c_in_train_says_how_to_resume(token_store, tmp_path, monkeypatch):
     assert res.exit_code == 130
     assert error_line(res) == (f"error: interrupted: checkpoints in {tmp_path / 'o'}/checkpoints are kept; continue "
                                "with the same command plus --resume")
+
+
+def test_eval_turns_file_with_a_bom_or_not_utf8(tmp_path):
+    from eagle3cli.evaluate import EvalError, load_turns_file
+
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"turns": ["Hi"]}).encode() + b"\n")
+    assert [x.turns for x in load_turns_file(p)] == [["Hi"]]
+    p.write_bytes(b'{"turns": ["caf\xe9"]}\n')
+    with pytest.raises(EvalError, match=r"t.jsonl: not UTF-8 text \(invalid continuation byte at byte 15\): save it as UTF-8"):
+        load_turns_file(p)
