@@ -23,6 +23,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from .errors import Eagle3Error
+
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 EOT_WINDOW = 8  # tokens after the content in which the end-of-turn special token must appear
 
@@ -31,7 +33,7 @@ class MaskError(ValueError):
     """A conversation whose assistant turns cannot be located (skipped and counted)."""
 
 
-class NoChatTemplate(ValueError):
+class NoChatTemplate(Eagle3Error, ValueError):
     """The tokenizer has no chat template and none was given."""
 
 

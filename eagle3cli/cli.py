@@ -11,6 +11,7 @@ import importlib
 import typer
 
 from . import __version__
+from .errors import boundary, debug, message_for, report
 
 app = typer.Typer(
     name="eagle3",
@@ -55,7 +56,7 @@ def _register():
             if e.name != full:  # a real import error inside a built command must surface
                 raise
             fn = _not_built(name)
-        app.command(name)(fn)
+        app.command(name)(boundary(fn))  # the one place where user errors become one line
 
 
 def _not_built(name: str):
@@ -71,7 +72,14 @@ _register()
 
 
 def main():
-    app()
+    try:
+        app()
+    except (Exception, KeyboardInterrupt) as e:  # raised outside a command (option parsing, callbacks)
+        mapped = message_for(e)
+        if mapped is None or debug():
+            raise
+        report(mapped[0])
+        raise SystemExit(mapped[1]) from None
 
 
 if __name__ == "__main__":

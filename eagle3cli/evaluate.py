@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import Eagle3Error
 from .hf_utils import synchronize, text_config
 
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
@@ -36,7 +37,7 @@ HUB = {
 }
 
 
-class EvalError(ValueError):
+class EvalError(Eagle3Error, ValueError):
     """Bad input for eval: one line for the user."""
 
 
@@ -56,7 +57,11 @@ def load_turns_file(path: str | Path, limit: int | None = None, default_category
     if not p.is_file():
         raise EvalError(f"{path}: no such file")
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise EvalError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -64,7 +69,7 @@ def load_turns_file(path: str | Path, limit: int | None = None, default_category
         except json.JSONDecodeError as e:
             raise EvalError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         turns = r.get("turns") if isinstance(r, dict) else None
-        if not turns or not all(isinstance(t, str) for t in turns):
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise EvalError(f"{path}:{n}: expected a record with a non-empty 'turns' list of strings")
         out.append(Prompt(str(r.get("question_id", n - 1)), r.get("category") or default_category, turns))
         if limit and len(out) >= limit:
@@ -72,6 +77,25 @@ def load_turns_file(path: str | Path, limit: int | None = None, default_category
     if not out:
         raise EvalError(f"{path}: no prompts")
     return out
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hub can answer: False in offline mode or when its host does not accept a
+    connection within ``timeout`` (datasets would otherwise retry for most of a minute)."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return False
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def _bundled(task: str) -> Path | None:
@@ -90,12 +114,14 @@ def load_task(task: str, data: str | None = None, limit: int | None = None) -> t
     if task not in HUB:
         raise EvalError(f"unknown task {task!r}: use one of {', '.join(TASKS)} or a .jsonl file of turns")
     repo, config, split, row = HUB[task]
+    bundled = _bundled(task)
+    if bundled is not None and not hub_reachable():
+        return task, load_turns_file(bundled, limit, task)
     try:
         from datasets import load_dataset
 
         ds = load_dataset(repo, config, split=split)
     except Exception as e:  # offline, gated, renamed ...
-        bundled = _bundled(task)
         if bundled is not None:  # shipped with the package (licence permitting): works offline
             return task, load_turns_file(bundled, limit, task)
         raise EvalError(f"could not load {task} from the Hub ({repo}: {type(e).__name__}); "

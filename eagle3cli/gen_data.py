@@ -30,17 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .errors import Eagle3Error, check_out_dir
 from .chat_mask import (MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash,
                         tokenize_conversation)
 from .hf_utils import eos_token_ids, text_config
-from .features import FORMAT_VERSION, MANIFEST, SHARD_DIR, shard_name, write_json, write_shard
+from .features import (FORMAT_VERSION, MANIFEST, SHARD_DIR, file_sha256, shard_name, shard_problem, sidecars,
+                       write_json, write_shard)
 from .sources import Conversation, load_conversations, with_system
 
 REGEN_DIR = "regenerated"
 BYTES_PER_VALUE = 2  # bf16 / fp16 features
 
 
-class GenDataError(ValueError):
+class GenDataError(Eagle3Error, ValueError):
     """A problem the user must fix; the message is one line."""
 
 
@@ -77,6 +79,7 @@ class GenDataOptions:
     dry_run: bool = False
     strict: bool = False
     show_mask: int = 0
+    skip_disk_check: bool = False
 
 
 # ---------------------------------------------------------------- small pieces
@@ -218,10 +221,11 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
 
 
 def data_fingerprint(data: str) -> str | None:
+    """sha256 of a local data file's content (a same-size edit must not reuse old shards);
+    None for Hub datasets."""
     p = Path(data).expanduser()
     if p.is_file():
-        st = p.stat()
-        return f"{p.name}:{st.st_size}"
+        return "sha256:" + file_sha256(p)
     return None
 
 
@@ -259,10 +263,7 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: in
 
 def finished_shards(out: Path) -> dict[int, Path]:
     """Global shard index -> its sidecar, for every finished shard (any rank wrote it)."""
-    done = {}
-    for p in (out / SHARD_DIR).glob("shard-*-*.json"):
-        done[int(p.stem.rsplit("-", 1)[1])] = p
-    return done
+    return sidecars(out / SHARD_DIR)
 
 
 def aggregate(out: Path, base: dict, n_shards: int) -> dict:
@@ -288,7 +289,7 @@ def aggregate(out: Path, base: dict, n_shards: int) -> dict:
     man["source"] = dict(man["source"], regeneration=dict(regen) if regen else None)
     man["shards_planned"] = n_shards
     man["shards_done"] = len(done)
-    man["complete"] = len(done) == n_shards
+    man["complete"] = len(done) == n_shards and totals["num_samples"] > 0  # an empty store is no result
     return man
 
 
@@ -352,6 +353,7 @@ class Pipeline:
             template = chat_template(tok)
         except ValueError as e:
             raise GenDataError(str(e)) from None
+        check_template_syntax(tok, self.opts.chat_template or f"the chat template of {self.spec.model}")
         return tok, template
 
     def setup(self):
@@ -367,6 +369,9 @@ class Pipeline:
             raise GenDataError("--shard-size must be >= 1 and --max-length >= 2")
         if o.endpoint and not o.regenerate:
             raise GenDataError("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
+        check_generation_options(o)
+        if not o.dry_run:
+            check_out_dir(o.out, "--out")
         self.rank, self.world, device, self.state = rank_and_world(o.shard)
         if device and not self.spec.device:
             self.spec.device = device
@@ -456,6 +461,38 @@ class Pipeline:
             self.console.print(highlight(self.tokenizer, s["input_ids"], s["loss_mask"]))
             shown += 1
 
+    def preflight(self):
+        """Refuse a run that cannot store a single sample, before the model is loaded: every
+        conversation checked is cut away by --max-length or refused by the template."""
+        o = self.opts
+        sample = self.convs[:: max(1, len(self.convs) // 200)][:200]
+        reasons = Counter(why_unusable(self.tokenizer, c, o) for c in sample)
+        if None in reasons:
+            return
+        raise GenDataError(f"no conversation would give a training sample ({len(sample)} checked: "
+                           + ", ".join(f"{r}: {n}" for r, n in reasons.most_common()) + f"): {fix_for(reasons, o)}")
+
+    def check_disk(self, nbytes: int, todo: int, n_shards: int):
+        """Refuse when the estimate for the shards still to do clearly exceeds the free space."""
+        free = shutil.disk_usage(existing_parent(self.out)).free
+        need = int(nbytes * todo / max(1, n_shards))
+        self.console.print(f"free space: {human_bytes(free)}", highlight=False)
+        if need > free and not self.opts.skip_disk_check:
+            raise GenDataError(f"not enough disk space: the remaining shards need ~{human_bytes(need)}, "
+                               f"{human_bytes(free)} is free at {self.out}: free space, choose another --out or "
+                               "lower --max-samples (--skip-disk-check if the estimate is too high)")
+
+    def verify_done(self, done: dict[int, Path], mine: list[int]) -> dict[int, Path]:
+        """Finished shards of this rank that match their sidecar; the others are deleted and redone."""
+        for s in [s for s in mine if s in done]:
+            problem = shard_problem(done[s])
+            if problem:
+                self.console.print(f"[yellow]shard {s}: {problem}: redoing it[/]", highlight=False)
+                shard = done[s].with_suffix(".safetensors")
+                done.pop(s).unlink()  # the sidecar first: a shard without one is unfinished
+                shard.unlink(missing_ok=True)
+        return done
+
     # -- per shard
 
     def regenerate(self, index: int, convs: list[Conversation], status) -> tuple[list[Conversation | None], dict]:
@@ -523,6 +560,7 @@ class Pipeline:
             "num_samples": len(samples), "num_tokens": sum(int(s["input_ids"].numel()) for s in samples),
             "num_masked_tokens": sum(int(s["loss_mask"].sum()) for s in samples), "truncated": truncated,
             "bytes": path.stat().st_size if samples else 0, "skipped": {k: v for k, v in skipped.items() if v},
+            "sha256": file_sha256(path) if samples else None,  # resume and train verify the file against it
             "end_token_ids": sorted(ends), "unlearned_answers": unlearned, "regeneration": {k: v for k, v in (regen_stats or {}).items()
                                                              if k != "rejected"} or None,
         }
@@ -550,16 +588,18 @@ class Pipeline:
             console.print(f"dry run: {len(self.convs)} conversations, "
                           f"{-(-len(self.convs) // o.shard_size)} shards of up to {o.shard_size}; nothing written")
             return None
+        self.preflight()
         self.out = Path(o.out)
         settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data))
         mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
         base = self.base_manifest(settings)
         n_shards = -(-len(self.convs) // o.shard_size)
         mine = [s for s in range(n_shards) if s % self.world == self.rank]
-        done = finished_shards(self.out)
+        done = self.verify_done(finished_shards(self.out), mine)
         todo = [s for s in mine if s not in done]
         if mode == "resume":
             console.print(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards of this rank already done")
+        self.check_disk(nbytes, len(todo), n_shards)
         need_model = o.features == "offline" or (o.regenerate and not o.endpoint)
         if todo and need_model:
             from .target import load_target
@@ -581,6 +621,10 @@ class Pipeline:
         if self.state is not None:
             self.state.wait_for_everyone()
         man = write_manifest(self.out, base, n_shards)
+        if man["shards_done"] == n_shards and not man["num_samples"]:
+            raise GenDataError(f"no samples stored in {self.out} (skipped: "
+                               + ", ".join(f"{r}: {n}" for r, n in Counter(man["skipped"]).most_common())
+                               + f"); the store is not marked complete: {fix_for(Counter(man['skipped']), o)}")
         return man
 
     def _loop(self, todo: list[int], n_mine: int, done: dict, base: dict, n_shards: int):
@@ -621,6 +665,62 @@ class Pipeline:
                                        f"; {rates()}", highlight=False)
                 write_manifest(self.out, base, n_shards)
         self.throughput = dict(rate, seconds=time.perf_counter() - rate["t0"])
+
+
+def check_generation_options(o: GenDataOptions):
+    """Generation settings that would fail (or loop) only after the model is loaded."""
+    for name in ("batch_size", "max_new_tokens", "concurrency", "capture_tokens"):
+        if getattr(o, name) < 1:
+            raise GenDataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
+    if not (0 <= o.temperature < float("inf")):  # "not": NaN fails every comparison
+        raise GenDataError(f"--temperature must be 0 (greedy) or positive, got {o.temperature}")
+    if not 0 < o.top_p <= 1:
+        raise GenDataError(f"--top-p must lie in (0, 1], got {o.top_p}")
+
+
+def check_template_syntax(tokenizer, name: str):
+    """A chat template with a Jinja syntax error would refuse every conversation: one line now."""
+    from jinja2 import TemplateSyntaxError
+
+    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    try:
+        tokenizer.apply_chat_template(probe, tokenize=False)
+    except TemplateSyntaxError as e:
+        raise GenDataError(f"{name}: Jinja syntax error on line {e.lineno}: {e.message}") from None
+    except Exception:  # noqa: BLE001 - a template may refuse this probe on purpose; rows report it
+        pass
+
+
+def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions) -> str | None:
+    """Why a conversation cannot give a sample (None when it can), as process_shard counts it."""
+    from .chat_mask import render
+
+    try:
+        if o.regenerate:  # the answers are generated: the first prompt must leave room for one
+            first = conv.messages[:2] if conv.messages[0]["role"] == "system" else conv.messages[:1]
+            text = render(tokenizer, first, add_generation_prompt=True)
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return "first prompt reaches --max-length" if n >= o.max_length else None
+        build_sample(tokenizer, conv, o.max_length)
+    except MaskError as e:
+        return str(e)
+    return None
+
+
+def fix_for(reasons: Counter, o: GenDataOptions) -> str:
+    top = reasons.most_common(1)[0][0] if reasons else ""
+    if "--max-length" in (top or ""):
+        return f"raise --max-length (now {o.max_length})"
+    if "template" in (top or ""):
+        return "fix the chat template (or pass a working --chat-template)"
+    return "check the data with --dry-run --show-mask 3"
+
+
+def existing_parent(path: Path) -> Path:
+    p = Path(path).expanduser().absolute()
+    while not p.exists():
+        p = p.parent
+    return p
 
 
 def run(opts: GenDataOptions, spec, console=None) -> dict | None:

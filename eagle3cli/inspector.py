@@ -65,10 +65,14 @@ def _read_config(d: Path, rep: InspectReport) -> dict | None:
         rep.problems.append(f"config: {CONFIG} is missing")
         return None
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         rep.problems.append(f"config: {CONFIG} is not valid JSON ({e})")
         return None
+    if not isinstance(cfg, dict):
+        rep.problems.append(f"config: {CONFIG} holds a JSON {type(cfg).__name__}, engines expect an object")
+        return None
+    return cfg
 
 
 def _check_config(cfg: dict, rep: InspectReport):
@@ -128,10 +132,16 @@ def _read_tensors(d: Path, rep: InspectReport) -> dict[str, tuple] | None:
         extra = f" (found {pickles}: pickle files are not loaded; convert to safetensors)" if pickles else ""
         rep.problems.append(f"weights: {WEIGHTS} is missing{extra}")
         return None
+    from safetensors import SafetensorError
+
     out = {}
-    with safe_open(str(p), framework="pt") as f:
-        for k in f.keys():
-            out[k] = f.get_tensor(k)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    except SafetensorError as e:  # truncated (an interrupted copy) or not safetensors at all
+        rep.problems.append(f"weights: {WEIGHTS} is unreadable ({e}): export or download it again")
+        return None
     return out
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from .errors import Eagle3Error
 from .export import CONFIG, METADATA_KEY, WEIGHTS
 
 TRAINING_FILE = "eagle3_training.json"
@@ -38,7 +39,7 @@ TRIES, WAIT_S = 4, 2.0  # network retries per Hub call: waits 2, 4, 8 s
 console = Console(stderr=True)
 
 
-class PushError(RuntimeError):
+class PushError(Eagle3Error, RuntimeError):
     """A push that cannot go on; the message is one line that says what to do."""
 
 
@@ -141,8 +142,31 @@ def _link_or_copy(src: Path, dst: Path):
         shutil.copy2(src, dst)
 
 
+def _is_local_path(value) -> bool:
+    return isinstance(value, str) and (value.startswith(("/", ".", "~")) or value.count("/") > 1
+                                       or ("/" in value and not HUB_ID.match(value)))
+
+
+def public_config(config: dict, target: str, dataset_ids=()) -> dict:
+    """The config as published: the training record names the target's and the data's Hub ids,
+    never a path of the machine the draft was trained on (a local path is replaced or dropped)."""
+    for d in dataset_ids:
+        if not HUB_ID.match(d):
+            raise PushError(f"--dataset-id {d!r} is not a Hub id (OWNER/NAME)")
+    meta = dict(config.get(METADATA_KEY) or {})
+    if meta.get("target") != target:
+        meta["target"] = target
+    if dataset_ids:
+        meta["datasets"] = list(dataset_ids)
+    if _is_local_path(meta.get("data")):
+        meta.pop("data")  # the store's folder, as earlier versions recorded it
+    if _is_local_path(meta.get("recipe")):
+        meta["recipe"] = Path(meta["recipe"]).name  # a --recipe YAML file: its name only
+    return config if meta == (config.get(METADATA_KEY) or {}) else {**config, METADATA_KEY: meta}
+
+
 def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_results=(),
-                 license: str | None = None, base_model: str | None = None) -> list[str]:
+                 license: str | None = None, base_model: str | None = None, dataset_ids=()) -> list[str]:
     """Write the upload folder for ``repo_id`` into the (empty or new) ``out_dir``."""
     draft, out = Path(draft_dir), Path(out_dir)
     if not HUB_ID.match(repo_id or ""):
@@ -150,14 +174,19 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
     config = inspected_config(draft)
     target = resolve_target(config, base_model)
     results = load_eval_results(eval_results, target, config)
+    public = public_config(config, target, dataset_ids)
 
+    from .features import write_json
     from .model_card import render_card
 
-    card = render_card(config, repo_id, target, results, license=license)
+    card = render_card(public, repo_id, target, results, license=license)
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(draft / CONFIG, out / CONFIG)  # byte for byte: what inspect checked
+    if public is config:
+        shutil.copyfile(draft / CONFIG, out / CONFIG)  # byte for byte: what inspect checked
+    else:
+        write_json(out / CONFIG, public)  # only the training record differs from what inspect checked
     _link_or_copy(draft / WEIGHTS, out / WEIGHTS)
-    (out / TRAINING_FILE).write_text(json.dumps(config.get(METADATA_KEY) or {}, indent=2) + "\n")
+    (out / TRAINING_FILE).write_text(json.dumps(public.get(METADATA_KEY) or {}, indent=2) + "\n")
     card.save(out / CARD)
     return sorted(p.name for p in out.iterdir())
 
@@ -170,6 +199,16 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _same_engine_config(a: Path, b: Path) -> bool:
+    """The same config apart from the training record (which publishing may rewrite)."""
+    try:
+        ca, cb = (json.loads(p.read_text()) for p in (a, b))
+    except (OSError, ValueError):
+        return False
+    return isinstance(ca, dict) and isinstance(cb, dict) and \
+        {k: v for k, v in ca.items() if k != METADATA_KEY} == {k: v for k, v in cb.items() if k != METADATA_KEY}
 
 
 def _same_file_content(a: Path, b: Path) -> bool:
@@ -197,7 +236,7 @@ def dry_run_decision(draft_dir: str | Path, out_dir: str | Path) -> str:
     if not names:
         return f"writing into the empty folder {out_dir}"
     earlier = (names <= set(UPLOAD_FILES) and CARD in names
-               and _same_file_content(out / CONFIG, draft / CONFIG)
+               and _same_engine_config(out / CONFIG, draft / CONFIG)
                and _same_file_content(out / WEIGHTS, draft / WEIGHTS))
     if not earlier:
         raise PushError(f"--dry-run {out_dir}: folder is not empty and is not an earlier dry run of this draft; "
@@ -205,7 +244,8 @@ def dry_run_decision(draft_dir: str | Path, out_dir: str | Path) -> str:
     return f"replacing the earlier dry run of this draft in {out_dir}"
 
 
-def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, base_model=None) -> PushResult:
+def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, base_model=None,
+            dataset_ids=()) -> PushResult:
     """Write exactly the folder ``push`` would upload, and upload nothing."""
     note = dry_run_decision(draft_dir, out_dir)
     out = Path(out_dir)
@@ -214,7 +254,7 @@ def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, bas
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to OUT_DIR
     try:
-        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model)
+        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids)
         if out.exists():
             shutil.rmtree(out)  # checked above: empty or an earlier dry run of this draft
         tmp.replace(out)
@@ -322,6 +362,17 @@ def upload(folder: str | Path, repo_id: str, *, private: bool = False, branch: s
                       commit_url=getattr(commit, "commit_url", None), pr_url=getattr(commit, "pr_url", None))
 
 
+def require_token(token: str | None) -> str:
+    """--token, else HF_TOKEN or the saved login; checked before any network call or work."""
+    from huggingface_hub import get_token
+
+    token = token or get_token()
+    if not token:
+        raise PushError("no Hub token: log in with `hf auth login`, set HF_TOKEN or pass --token "
+                        "(--dry-run OUT_DIR needs none)")
+    return token
+
+
 def _scratch_parent(draft_dir) -> str | None:
     # Beside the draft, the weights can be hard-linked instead of copied; else the system temp.
     parent = Path(draft_dir).resolve().parent
@@ -330,10 +381,12 @@ def _scratch_parent(draft_dir) -> str | None:
 
 def push(draft_dir, repo_id: str, *, private: bool = False, branch: str | None = None, create_pr: bool = False,
          token: str | None = None, eval_results=(), commit_message: str | None = None, license: str | None = None,
-         base_model: str | None = None, tries: int | None = None, wait_s: float | None = None) -> PushResult:
+         base_model: str | None = None, tries: int | None = None, wait_s: float | None = None,
+         dataset_ids=()) -> PushResult:
     """Build the folder in a temporary directory and upload it."""
+    token = require_token(token)
     with tempfile.TemporaryDirectory(prefix=".eagle3-push-", dir=_scratch_parent(draft_dir)) as tmp:
-        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model)
+        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids)
         res = upload(tmp, repo_id, private=private, branch=branch, create_pr=create_pr, token=token,
                      commit_message=commit_message, tries=tries, wait_s=wait_s)
     res.files = files

@@ -31,6 +31,8 @@ from typing import Iterator
 
 from rich.console import Console
 
+from .errors import Eagle3Error
+
 console = Console(stderr=True)
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -47,7 +49,7 @@ SHAREGPT_JSONL = "sharegpt_v3.jsonl"
 CONVERT_DTYPE = "float32"
 
 
-class RealModelError(RuntimeError):
+class RealModelError(Eagle3Error, RuntimeError):
     """A real model or corpus could not be obtained; the message says what to do."""
 
 

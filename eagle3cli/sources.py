@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .errors import Eagle3Error
+
 FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")
 
 # Usual corpora -> (Hub id, subset, split). Resolved only when --data names the preset.
@@ -55,7 +57,7 @@ class BadRow(ValueError):
     """A row that cannot become a conversation; the message is the reason (counted as such)."""
 
 
-class SourceError(ValueError):
+class SourceError(Eagle3Error, ValueError):
     """The source itself is unusable (missing file, unknown format, unreachable Hub id)."""
 
 
@@ -84,7 +86,8 @@ class LoadReport:
         if self.skipped:
             reasons = ", ".join(f"{r}: {n}" for r, n in self.skipped.most_common())
             where = "; ".join(f"{w} ({r})" for w, r in self.examples)
-            line += f"; skipped {sum(self.skipped.values())} [{reasons}]; first: {where}"
+            # parentheses, not brackets: rich would read "[reason: n]" as markup and drop it
+            line += f"; skipped {sum(self.skipped.values())} ({reasons}); first: {where}"
         return line
 
 
@@ -92,9 +95,31 @@ class LoadReport:
 
 
 def _text(value, what: str) -> str:
+    if isinstance(value, list):
+        return _text_parts(value, what)
     if not isinstance(value, str):
         raise BadRow(f"non-string content in {what}")
     return value
+
+
+def _text_parts(parts: list, what: str) -> str:
+    """OpenAI-style content parts ``[{"type": "text", "text": ...}, ...]``: their texts, joined.
+
+    Many chat datasets store every message this way; a part that is not text (an image) cannot
+    be learned from by a text draft, so the row is skipped with that reason.
+    """
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict):
+            raise BadRow(f"non-string content in {what}")
+        if part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            raise BadRow(f"non-text content part ({str(part.get('type'))[:20]}) in {what}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _a(role: str) -> str:
+    return f"an {role}" if role == "assistant" else f"a {role}"  # roles: system, user, assistant
 
 
 def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
@@ -111,7 +136,7 @@ def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
         if mapped is None:
             raise BadRow(f"unknown role {str(role)[:20]!r}")
         content = t.get(content_key, t.get("content", t.get("value")))
-        out.append({"role": mapped, "content": _text(content, f"a {mapped} turn")})
+        out.append({"role": mapped, "content": _text(content, f"{_a(mapped)} turn")})
     return out
 
 
@@ -223,7 +248,7 @@ def detect_format(row) -> str | None:
 def _json_rows(path: Path) -> Iterator[tuple[str, object]]:
     """Rows of a JSON array (or a dict of id -> row). A truncated array (as the ShareGPT
     package ships) is decoded object by object; the cut-off tail is reported, not fatal."""
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -258,9 +283,24 @@ class _Truncated:
     """Marker for the unreadable tail of a truncated JSON array."""
 
 
+def _decode(path: Path, data: bytes, first_line: int = 1) -> str:
+    """Bytes as text. utf-8-sig: a byte-order mark (Notepad) is not part of the first row."""
+    try:
+        return data.decode("utf-8-sig" if first_line == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise SourceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): save it as "
+                          "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def _read_text(path: Path) -> str:
+    return _decode(path, path.read_bytes())
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # streamed: a JSONL file may be larger than memory
+        for n, raw in enumerate(f, 1):
+            line = _decode(path, raw, n)
             if not line.strip():
                 continue
             try:

@@ -6,12 +6,15 @@ own forward, so no architecture needs a patched modeling file.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from .errors import Eagle3Error, one_line
 from .hf_utils import text_config
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,46 @@ class TargetSpec:
     extra: dict = field(default_factory=dict)
 
 
+class TargetError(Eagle3Error, ValueError):
+    """The target cannot be found or read: one line that names the path or the Hub id."""
+
+
+def looks_local(model: str) -> bool:
+    """A path, not a Hub id (OWNER/NAME): starts with . / ~ or has more than one slash."""
+    return model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
+def check_local(spec: "TargetSpec"):
+    """A local --model must be a model folder with a JSON-object config.json, checked before
+    transformers mistakes a mistyped path for a Hub id and blames the network."""
+    path = Path(spec.model).expanduser()
+    if not path.exists():
+        if looks_local(spec.model):
+            raise TargetError(f"--model {spec.model}: no such folder (check the path; a Hub id is OWNER/NAME)")
+        return
+    if not path.is_dir():
+        raise TargetError(f"--model {spec.model} is a file: give the model's folder (or its Hub id)")
+    cfg = path / "config.json"
+    if spec.gguf_file and not cfg.exists():
+        return  # a GGUF folder: the config comes from the GGUF file
+    if not cfg.is_file():
+        raise TargetError(f"--model {spec.model} has no config.json: not a Hugging Face model folder")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TargetError(f"{cfg} is not valid JSON ({one_line(e)}): restore the model's config.json") from None
+    if not isinstance(data, dict):
+        raise TargetError(f"{cfg} holds a JSON {type(data).__name__}, not an object: restore the model's config.json")
+
+
+def _safetensors_error() -> tuple[type[BaseException], ...]:
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
+
+
 def default_device() -> str:
     if torch.cuda.is_available():
         return "cuda"
@@ -53,12 +96,16 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 def load_config(spec: TargetSpec):
     from transformers import AutoConfig
 
+    check_local(spec)
     kw = {}
     if spec.gguf_file:
         kw["gguf_file"] = spec.gguf_file
-    return AutoConfig.from_pretrained(
-        spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code, **kw
-    )
+    try:
+        return AutoConfig.from_pretrained(
+            spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code, **kw
+        )
+    except (OSError, ValueError) as e:  # not found / unreachable / unrecognised: from_pretrained's words
+        raise TargetError(f"cannot read the config of {spec.model}: {one_line(e)}") from None
 
 
 def load_tokenizer(spec: TargetSpec, chat_template: str | None = None):
@@ -97,7 +144,11 @@ def load_target(spec: TargetSpec):
         )
         kw["device_map"] = {"": device}
     kw.update(spec.extra)
-    model = AutoModelForCausalLM.from_pretrained(spec.model, **kw)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.model, **kw)
+    except _safetensors_error() as e:  # a truncated or garbled weight file
+        raise TargetError(f"the weights of {spec.model} are unreadable ({one_line(e)}): download or copy "
+                          "them again") from None
     if not (spec.load_in_8bit or spec.load_in_4bit):
         model.to(device)
     if spec.adapter:

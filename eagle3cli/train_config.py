@@ -53,6 +53,7 @@ class TrainConfig:
     chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
     online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
+    allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")

@@ -17,6 +17,7 @@ needs only (epoch, step-in-epoch) besides model, optimizer, scheduler and RNG.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from torch import nn
 
 from . import __version__
 from .chat_mask import template_hash
+from .errors import Eagle3Error, check_out_dir, one_line
 from .draft import DraftConfig, Eagle3Draft
 from .export import METADATA_KEY, save_draft
 from .features import FORMAT_VERSION, FeatureStore, write_json
@@ -48,10 +50,12 @@ LOG = "train_log.jsonl"
 # Settings that may change between an interrupted run and its resumption (they do not change
 # the trajectory of the weights).
 RESUME_FREE = {"resume", "save_every", "keep_checkpoints", "log_every", "report_to", "out", "device",
-               "eval_ttt_steps"}
+               "eval_ttt_steps", "allow_incomplete"}
+FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
+                  "val_fraction")
 
 
-class TrainError(Exception):
+class TrainError(Eagle3Error):
     """A user-facing problem, reported as one line."""
 
 
@@ -98,6 +102,57 @@ def check_store(store: FeatureStore, target_config, *, online: bool, layers: str
                          f"this one {template_hash(chat_template)[:12]}...): pass --chat-template with gen-data's")
     if not online and not store.has_features:
         raise TrainError(f"store {store.root} holds tokens only (features 'none'): train it with --online")
+
+
+def check_settings(cfg: TrainConfig):
+    """Numbers that would only show up as a NaN loss (or an overflow) many steps later."""
+    for name in FLOAT_SETTINGS:
+        if not math.isfinite(getattr(cfg, name)):
+            raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(cfg, name)}")
+    if not 0 < cfg.lr <= 1:
+        raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {cfg.lr:g}")
+
+
+def check_store_ready(store: FeatureStore, allow_incomplete: bool, say) -> None:
+    """Refuse a store whose gen-data run has not finished (unless allowed: then say what is
+    missing) and one whose shards no longer match their sidecars."""
+    m = store.manifest
+    if m.get("complete") is False:
+        from .features import SHARD_DIR, sidecars
+
+        planned = int(m.get("shards_planned") or 0)
+        missing = sorted(set(range(planned)) - set(sidecars(store.root / SHARD_DIR)))
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        what = (f"{planned - len(missing)} of {planned} shards are done (missing: {shown})" if missing
+                else "it holds no samples")
+        if not allow_incomplete:
+            raise TrainError(f"store {store.root} is incomplete: {what}: finish it by running the same gen-data "
+                             "command again (every --shard rank), or pass --allow-incomplete to train on what is there")
+        say(f"[yellow]warning:[/] store {store.root} is incomplete ({what}); training on it (--allow-incomplete)")
+    store.verify(hash=True)  # every shard against the sha256 its sidecar recorded
+
+
+def limit_note(steps_per_epoch: int, cfg: TrainConfig) -> str:
+    """Which limit ends the run: --max-steps or the epochs (said at the start and at the end)."""
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''} of {steps_per_epoch} steps"
+    if cfg.max_steps > 0 and cfg.max_steps < steps_per_epoch * cfg.epochs:
+        return f"--max-steps {cfg.max_steps} ends the run before {epochs}"
+    if cfg.max_steps > steps_per_epoch * cfg.epochs:
+        return (f"the {epochs} end the run before --max-steps {cfg.max_steps}: raise --epochs (or add data) "
+                "to train longer")
+    return epochs
+
+
+def learned_tokens_error(store: FeatureStore, train_idx: list[int], crop: int, cfg: TrainConfig) -> str | None:
+    """None if the training samples keep some learned (assistant) tokens within the crop."""
+    learned = store.learned_within(crop)
+    if any(learned[i] for i in train_idx):
+        return None
+    limit = "--max-tokens" if cfg.max_tokens <= cfg.max_length else "--max-length"
+    first = store.first_learned()
+    where = f" (the first answer token is at position {min(first)})" if first else ""
+    return (f"no learned tokens: every training sample's assistant tokens lie beyond the first {crop} tokens "
+            f"that {limit} {crop} keeps{where}: raise {limit}")
 
 
 @torch.no_grad()
@@ -250,22 +305,45 @@ def save_checkpoint(acc, out: Path, draft, optimizer, scheduler, state: dict, ke
 def load_checkpoint(acc, path: Path, draft, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 
-    state = json.loads((path / "trainer_state.json").read_text())
-    weights = load_file(str(path / "model.safetensors"))
+    state = _read_checkpoint_file(path, "trainer_state.json", lambda p: json.loads(p.read_text()))
+    weights = _read_checkpoint_file(path, "model.safetensors", lambda p: load_file(str(p)))
     missing = set(trainable_state(draft)) - set(weights)
     if missing:
         raise TrainError(f"checkpoint {path} lacks {sorted(missing)}")
     draft.load_state_dict(weights, strict=False)
-    opt = torch.load(path / "optim.pt", weights_only=True)
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
+    opt = _read_checkpoint_file(path, "optim.pt", lambda p: torch.load(p, weights_only=True))
+    try:
+        optimizer.load_state_dict(opt["optimizer"])
+        scheduler.load_state_dict(opt["scheduler"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TrainError(_unreadable(path, "optim.pt", e)) from None
     rng_file = path / f"rng-{acc.process_index}.pt"
     if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=True)
+        rng = _read_checkpoint_file(path, rng_file.name, lambda p: torch.load(p, weights_only=True))
         torch.set_rng_state(rng["torch"])
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
     return state
+
+
+def _unreadable(path: Path, name: str, e: BaseException) -> str:
+    earlier = [p for p in checkpoint_dirs(path.parent.parent) if p != path]
+    fix = f"delete {path} to resume from {earlier[-1].name}" if earlier else f"delete {path} and train without --resume"
+    return f"checkpoint {path} is unreadable ({name}: {one_line(str(e)) or type(e).__name__}): {fix}"
+
+
+def _read_checkpoint_file(path: Path, name: str, read):
+    """read(path / name), a damaged file (truncated, garbled, not what we wrote) as one TrainError."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    try:
+        return read(path / name)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError, SafetensorError) as e:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise
+        raise TrainError(_unreadable(path, name, e)) from None
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -278,6 +356,7 @@ class TrainResult:
     metrics: dict
     history: list = field(default_factory=list)
     stopped: str | None = None  # why the run stopped early (NaN loss, interruption)
+    limit: str = ""  # which limit ended the run (--max-steps or the epochs)
 
 
 class Meter:
@@ -326,6 +405,8 @@ class Trainer:
         cfg = self.cfg
         if cfg.data is None:
             raise TrainError("--data is required (a folder written by `eagle3 gen-data`)")
+        check_out_dir(cfg.out, "--out")
+        check_settings(cfg)
         for name in ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints"):
             if getattr(cfg, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
@@ -346,6 +427,7 @@ class Trainer:
             self.store = FeatureStore(cfg.data)
         except FileNotFoundError as e:
             raise TrainError(str(e)) from None
+        check_store_ready(self.store, cfg.allow_incomplete, self._say)
         m = self.store.manifest
         self.model_id = cfg.model or (m.get("target") or {}).get("id")
         if not self.model_id:
@@ -436,6 +518,9 @@ class Trainer:
         self.train_idx, self.val_idx = split_indices(len(self.store), cfg.val_fraction, cfg.seed)
         if not self.train_idx:
             raise TrainError(f"store {self.store.root} has no training samples")
+        problem = learned_tokens_error(self.store, self.train_idx, self.crop, cfg)
+        if problem:
+            raise TrainError(problem)
         groups = self.groups(0)
         if not groups:
             raise TrainError(f"{len(self.train_idx)} training samples make fewer batches than processes "
@@ -443,6 +528,8 @@ class Trainer:
         self.steps_per_epoch = len(groups)
         total = self.steps_per_epoch * cfg.epochs
         self.total_steps = min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+        self.limit = limit_note(self.steps_per_epoch, cfg)
+        self._say(f"plan: {self.total_steps} optimizer steps ({self.limit})")
 
     def groups(self, epoch: int) -> list[list[list[int]]]:
         batches = make_batches(self.train_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, epoch)
@@ -635,10 +722,11 @@ class Trainer:
         target = m.get("target") or {}
         src = m.get("source") or {}
         datasets = src.get("datasets") or ([src["dataset"]] if isinstance(src.get("dataset"), str) else [])
+        datasets = datasets or hub_datasets(src.get("data"))
         return {
             "target": self.model_id, "target_revision": cfg.revision or target.get("revision"),
             "chat_template_hash": m.get("chat_template_hash"), "layer_ids": list(self.layer_ids),
-            "data": str(cfg.data), "num_samples": len(self.train_idx),
+            "data": data_description(src), "num_samples": len(self.train_idx),
             "num_tokens": int(sum(self.lengths[i] for i in self.train_idx)), "steps": step,
             "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
             "draft_vocab_size": self.vocab.size, "vocab_coverage": round(self.vocab.coverage, 6),
@@ -674,6 +762,30 @@ class Trainer:
                 self.console.print(summary_table(metrics, result.step, self.out))
         self.acc.wait_for_everyone()
         return metrics
+
+
+def hub_datasets(data: str | None) -> list[str]:
+    """The Hub id of gen-data's --data when it was one (or a preset); [] for a local file."""
+    from .sources import PRESETS
+
+    if not isinstance(data, str):
+        return []
+    if data.lower() in PRESETS:
+        return [PRESETS[data.lower()][0]]
+    from .push import is_hub_id
+
+    return [data] if is_hub_id(data) and not data.endswith((".json", ".jsonl", ".parquet")) else []
+
+
+def data_description(src: dict) -> str | None:
+    """What the draft was trained on, for the card: the dataset's Hub id or file name, never a
+    path of this machine (the store's folder and the data file's directories stay private)."""
+    data = src.get("data")
+    if not isinstance(data, str):
+        return None
+    name = (hub_datasets(data) or [Path(data).name])[0]
+    how = "answers regenerated by the target" if src.get("regenerated") else "the dataset's own answers"
+    return f"{name} ({how})"
 
 
 # accelerate tracker name -> the packages that provide it.
@@ -768,4 +880,6 @@ def train(cfg: TrainConfig, recipe: str | None = None, console=None, quiet: bool
     interruption after that many optimizer steps (checkpoints stay as a crash leaves them)."""
     trainer = Trainer(cfg, recipe, console, quiet)
     trainer.setup()
-    return trainer.run(stop_after=stop_after)
+    result = trainer.run(stop_after=stop_after)
+    result.limit = trainer.limit
+    return result

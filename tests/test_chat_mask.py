@@ -18,9 +18,6 @@ from eagle3cli.chat_mask import (
 )
 from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
 
-pytestmark = pytest.mark.skipif(not (SMOLLM2_TOKENIZER.exists() and QWEN_TOKENIZER.exists()),
-                                reason="../shared/tokenizers not present")
-
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 
 CONV = [

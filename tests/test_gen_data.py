@@ -186,9 +186,12 @@ def test_truncation_counted_and_features_none(smol_tiny_dir, data_file, tmp_path
     assert store.lengths() == [45] * 6
     assert man["truncated"] == man["num_samples"] == 6 and man["num_masked_tokens"] == 6 * 3
     assert man["bytes"] < 3 * 2000  # ids + masks + headers, no features
-    man = run(options(tmp_path / "t", data_file, regenerate=False, features="none", max_length=40),
-              TargetSpec(str(smol_tiny_dir)))
-    assert man["num_samples"] == 0 and man["skipped"] == {"no assistant tokens within --max-length": 6}
+    # Nothing left to learn: refused before any work, nothing written (issue 13).
+    with pytest.raises(GenDataError, match=r"^no conversation would give a training sample \(6 checked: no "
+                       r"assistant tokens within --max-length: 6\): raise --max-length \(now 40\)$"):
+        run(options(tmp_path / "t", data_file, regenerate=False, features="none", max_length=40),
+            TargetSpec(str(smol_tiny_dir)))
+    assert not (tmp_path / "t").exists()
 
 
 def test_shard_split_across_ranks(smol_tiny_dir, data_file, tmp_path):
@@ -369,8 +372,19 @@ def test_real_endpoint_20_conversations(tmp_path):
     assert FeatureStore(tmp_path / "s")[0]["aux"].shape[-1] == 3 * man["hidden_size"]
 
 
-def test_prompts_longer_than_max_length_are_not_answered(smol_tiny_dir, data_file, tmp_path):
-    """The prompts render to 42+ tokens: with --max-length 40 nothing is generated, all counted."""
-    man = run(options(tmp_path / "s", data_file, max_length=40, features="none"), TargetSpec(str(smol_tiny_dir)))
+def test_prompts_longer_than_max_length_are_not_answered(smol_tiny_dir, data_file, tmp_path, monkeypatch):
+    """The prompts render to 42+ tokens: with --max-length 40 nothing would be generated: refused
+    before the model is loaded; past that check, the shards count every drop and the empty
+    store is an error, not marked complete."""
+    with pytest.raises(GenDataError, match=r"\(6 checked: first prompt reaches --max-length: 6\): raise --max-length"):
+        run(options(tmp_path / "s", data_file, max_length=40, features="none"), TargetSpec(str(smol_tiny_dir)))
+    import eagle3cli.gen_data as gd
+
+    monkeypatch.setattr(gd.Pipeline, "preflight", lambda self: None)
+    with pytest.raises(GenDataError, match=r"^no samples stored in .*first prompt reaches --max-length: 6\); the "
+                       r"store is not marked complete: raise --max-length \(now 40\)$"):
+        run(options(tmp_path / "s", data_file, max_length=40, features="none"), TargetSpec(str(smol_tiny_dir)))
+    man = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert man["num_samples"] == 0 and man["skipped"] == {"first prompt reaches --max-length": 6}
+    assert man["shards_done"] == 3 and man["complete"] is False
     assert man["source"]["regeneration"] == {"answers": 0, "cut": 0, "dropped_turns": 9, "generated_tokens": 0}

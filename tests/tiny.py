@@ -6,10 +6,40 @@ from pathlib import Path
 
 import torch
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TOKENIZERS = SHARED / "tokenizers"
-SMOLLM2_TOKENIZER = TOKENIZERS / "smollm2-135m-instruct"
-QWEN_TOKENIZER = TOKENIZERS / "qwen2.5-coder-0.5b-instruct"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tokenizers"
+
+
+def _tokenizer_fixture(name: str) -> Path:
+    """A real tokenizer shipped in tests/fixtures (the suite needs nothing outside the repo).
+
+    A large ``tokenizer.json`` is shipped xz-compressed and unpacked once into the temp dir.
+    A missing fixture is an error, never a skip: a clone that lacks it must fail loudly.
+    """
+    src = FIXTURES / name
+    if (src / "tokenizer.json").is_file():
+        return src
+    packed = src / "tokenizer.json.xz"
+    if not packed.is_file():
+        raise FileNotFoundError(f"test fixture {src} is missing: restore tests/fixtures/tokenizers from git")
+    import lzma
+    import os
+    import shutil
+    import tempfile
+
+    dst = Path(tempfile.gettempdir()) / f"eagle3-test-tokenizers-{os.getuid()}" / f"{name}-{packed.stat().st_size}"
+    if not (dst / "tokenizer.json").is_file():
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.name != packed.name:
+                shutil.copyfile(f, dst / f.name)
+        tmp = dst / f".tokenizer.json.{os.getpid()}"
+        tmp.write_bytes(lzma.decompress(packed.read_bytes()))
+        os.replace(tmp, dst / "tokenizer.json")  # concurrent test runs never see half a file
+    return dst
+
+
+SMOLLM2_TOKENIZER = _tokenizer_fixture("smollm2-135m-instruct")
+QWEN_TOKENIZER = _tokenizer_fixture("qwen2.5-coder-0.5b-instruct")
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text", "phi3"]
 

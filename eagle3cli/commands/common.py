@@ -39,5 +39,7 @@ def target_spec(model: str, revision: Optional[str], dtype: str, device: Optiona
 
 def fail(message: str, code: int = 1):
     """Print one clear line and exit: the convention for every user-facing error."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # "[...]" is text here
     raise typer.Exit(code)

@@ -55,12 +55,15 @@ def evaluate(
         fail(f"--mode must be tree or chain, got {mode!r}")
     if baseline not in (None, "prompt-lookup"):
         fail(f"--baseline must be prompt-lookup, got {baseline!r}")
-    if temperature < 0 or not 0 < top_p <= 1:
+    if not temperature >= 0 or not 0 < top_p <= 1:  # "not >=": NaN is refused too
         fail("--temperature must be >= 0 and --top-p in (0, 1]")
     if max_new_tokens < 1 or steps < 1:
         fail("--max-new-tokens and --steps must be at least 1")
     if data and len(task) != 1:
         fail("--data gives the prompts of one task; pass a single --task with it")
+    from ..errors import check_out_dir
+
+    check_out_dir(out, "--out")  # before any prompt is run: results are written last
     if tree is None:
         import torch
 

@@ -54,6 +54,9 @@ def gen_data(
                                  "nothing."),
     strict: bool = typer.Option(False, "--strict", help="Fail on the first bad row instead of skipping it."),
     show_mask: int = typer.Option(0, "--show-mask", help="Print N samples with the learned tokens highlighted."),
+    skip_disk_check: bool = typer.Option(False, "--skip-disk-check", help="Run even when the disk estimate "
+                                         "exceeds the free space (the estimate is an upper bound with "
+                                         "regeneration)."),
     revision: Optional[str] = common.Revision,
     dtype: str = common.Dtype,
     device: Optional[str] = common.Device,
@@ -78,12 +81,17 @@ def gen_data(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, system=system,
         chat_template=str(chat_template) if chat_template else None, features=features, layers=layer_ids,
         max_length=max_length, shard_size=shard_size, shard=shard, feature_dtype=feature_dtype, overwrite=overwrite,
-        dry_run=dry_run, strict=strict, show_mask=show_mask,
+        dry_run=dry_run, strict=strict, show_mask=show_mask, skip_disk_check=skip_disk_check,
     )
     try:
         man = run(opts, spec, common.console)
     except GenDataError as e:
         common.fail(str(e))
+    except KeyboardInterrupt:
+        from ..errors import Interrupted
+
+        raise Interrupted(f"interrupted: finished shards in {out} are kept; run the same command again "
+                          "to resume") from None
     if man is None:
         return
     state = "complete" if man["complete"] else f"{man['shards_done']}/{man['shards_planned']} shards (other ranks pending)"

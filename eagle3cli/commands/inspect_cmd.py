@@ -31,12 +31,18 @@ def inspect(
     rows = [
         ("layers (input of layer j; vLLM)", s.get("layers_j")),
         ("layers (output of layer j-1; SGLang)", s.get("layers_j_minus_1")),
-        ("hidden / target hidden", f"{s.get('hidden_size')} / {s.get('target_hidden_size')}"),
+        # what the draft was built for; the --model's own size is its own row (a mismatch is a problem)
+        ("hidden / built for target hidden", f"{s.get('hidden_size')} / {s.get('target_hidden_size')}"),
         ("vocab / draft vocab", f"{s.get('vocab_size')} / {s.get('draft_vocab_size')}"),
         ("parameters (exported)", f"{s['parameters']:,}" if "parameters" in s else None),
         ("dtype", f"{s.get('torch_dtype')} (tensors: {', '.join(s.get('weights_dtype', []))})"),
         ("max positions", s.get("max_position_embeddings")),
     ]
+    if target_config is not None:
+        from ..layers import text_config
+
+        rows.append((f"--model {model}: hidden / vocab", f"{text_config(target_config).hidden_size} / "
+                     f"{text_config(target_config).vocab_size}"))
     if "target_layers" in s:
         rows.append(("target layers / engines' default j", f"{s['target_layers']} / {s.get('target_default_layers_j')}"))
     for eng, ok in (s.get("engines") or {}).items():

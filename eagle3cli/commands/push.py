@@ -22,13 +22,15 @@ def push(
     commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit message (or pull request title)."),
     license: Optional[str] = typer.Option(None, "--license", help="Licence id for the card (default: the target's, when recorded)."),
     base_model: Optional[str] = typer.Option(None, "--base-model", metavar="OWNER/NAME", help="The target's Hub id, when training recorded a local folder."),
+    dataset_id: List[str] = typer.Option([], "--dataset-id", metavar="OWNER/NAME", help="Hub dataset the draft was trained on (repeatable), when gen-data read a local file."),
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from .. import push as lib
 
     try:
         if dry_run is not None:
-            res = lib.dry_run(draft_dir, dry_run, repo, eval_results, license=license, base_model=base_model)
+            res = lib.dry_run(draft_dir, dry_run, repo, eval_results, license=license, base_model=base_model,
+                              dataset_ids=dataset_id)
             console.print(f"dry run: {res.note}; nothing uploaded", highlight=False)
             for name in res.files:
                 size = (res.folder / name).stat().st_size
@@ -36,7 +38,7 @@ def push(
             return
         res = lib.push(draft_dir, repo, private=private, branch=branch, create_pr=create_pr, token=token,
                        eval_results=eval_results, commit_message=commit_message, license=license,
-                       base_model=base_model)
+                       base_model=base_model, dataset_ids=dataset_id)
     except lib.DraftRejected as e:
         for p in e.problems:
             console.print(f"  - {p}", highlight=False)

@@ -49,7 +49,10 @@ def _model_type(flags: dict) -> str | None:
         manifest = Path(flags["data"]) / "manifest.json"
         if not manifest.exists():
             fail(f"{flags['data']} is not a feature store (no manifest.json): run `eagle3 gen-data` first")
-        return json.loads(manifest.read_text()).get("model_type")
+        try:
+            return json.loads(manifest.read_text()).get("model_type")
+        except ValueError as e:
+            fail(f"{manifest} is not valid JSON ({e}): run the same gen-data command again")
     if flags.get("model"):
         from ..layers import text_config
         from ..target import TargetSpec, load_config
@@ -89,6 +92,7 @@ def train(**kwargs):
              "plus --resume", code=130)
     if result.stopped:
         fail(result.stopped)
+    console.print(f"stopped after {result.step} optimizer steps: {result.limit}", highlight=False)
     console.print(f"draft written to {result.out} (checkpoints in {result.out / 'checkpoints'})", highlight=False)
 
 
