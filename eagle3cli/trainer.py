@@ -42,6 +42,7 @@ from .hf_utils import eos_token_ids
 from .layers import num_layers, parse_layer_ids, text_config
 from .target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
 from .train_config import TrainConfig
+from . import warm_start
 from .ttt import TTTModel, acceptance_length, teacher_from_final
 from .vocab import build_vocab
 
@@ -443,8 +444,18 @@ class Trainer:
         check_store(self.store, self.target_config, online=cfg.online, layers=cfg.layers,
                     chat_template=self._chat_template(spec), model=self.model_id, revision=cfg.revision)
         self.layer_ids = tuple(int(j) for j in m["layer_ids"])
+        try:
+            self.warm_parts = warm_start.parse_parts(cfg.warm_start)
+        except warm_start.WarmStartError as e:
+            raise TrainError(str(e)) from None
+        if cfg.freeze_head and "head" not in self.warm_parts:
+            raise TrainError("--freeze-head keeps the LM head as initialised: it needs --warm-start with 'head' "
+                             "(a frozen random head learns nothing)")
         self._load_target(spec)
-        self._build_draft(m)
+        try:
+            self._build_draft(m)
+        except warm_start.WarmStartError as e:
+            raise TrainError(str(e)) from None
         self._plan()
 
     def _chat_template(self, spec: TargetSpec) -> str | None:
@@ -487,9 +498,11 @@ class Trainer:
             self.target = None
             self.head = TargetHead(model).to(self.acc.device)
             self._embed = input_embeddings(model).weight.detach()
+            self._warm = warm_start.target_parts(model, self.warm_parts)
             del model
             return
         self._embed = input_embeddings(self.target).weight.detach()
+        self._warm = warm_start.target_parts(self.target, self.warm_parts)
 
     def _build_draft(self, m: dict):
         cfg = self.cfg
@@ -504,6 +517,10 @@ class Trainer:
         draft = Eagle3Draft(dcfg, embed_weight=self._embed.float().cpu())
         draft.init_weights(seed=cfg.seed)
         draft.set_vocab(self.vocab.ids)
+        warm_start.apply(draft, self.warm_parts, self._warm, self.vocab.ids)
+        self._warm = None  # the target's layer / head copies are not needed past here
+        if cfg.freeze_head:
+            draft.lm_head.weight.requires_grad_(False)
         self.draft = draft.to(self.acc.device)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "

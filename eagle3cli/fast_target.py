@@ -1,0 +1,182 @@
+"""A lean forward of Llama-family targets over a static KV cache: the generator's fast path.
+
+On a CPU the plain HF forward of a 135M model spends as long in Python and small ops (mask
+building, a growing ``DynamicCache`` concatenated every call, three separate q/k/v and two
+gate/up matmuls) as in its matrix products, and verifying n tokens through it costs 2-3x
+one token although the weights are read once either way (docs/benchmarks.md). This module
+runs the same model with the same weights and the same formulas (HF's own RoPE tables and
+``apply_rotary_pos_emb``, RMSNorm in fp32 as HF computes it), and per layer only
+
+    x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope -> write k, v into the static
+      cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
+      -> rmsnorm -> [gate|up] one matmul -> silu(gate) * up -> down -> residual
+
+The cache is preallocated once ([layers, kv heads, max_len, head_dim]); keeping the accepted
+tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
+On a CPU with fp32 weights, the matmuls of the verification size use MKL's packed GEMM
+specialised for that row count (what inductor's CPU freezing uses), padding smaller inputs.
+
+``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
+back to the HF forward otherwise and reports which path ran.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .hf_utils import text_config
+
+SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot take the fast path (None: it can)."""
+    cfg = text_config(model.config)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model_type {kind!r} (fast path: {', '.join(sorted(SUPPORTED_TYPES))})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in STATIC_ROPE:
+        return f"rope_type {rope_type!r}"
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        return "sliding-window attention"
+    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
+        return "quantized weights"
+    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "attention_bias", False) and kind != "qwen2":
+        return "biases in the MLP or attention"
+    return None
+
+
+class Linear:
+    """y = x W^T (+ b); on a CPU in fp32, MKL packed GEMM for the row counts asked for."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple[int, ...]):
+        self.weight, self.bias = weight.contiguous(), bias
+        self.packed = {}
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear"):
+            for m in packed_rows:
+                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        size = min((k for k in self.packed if k >= m), default=None) if m > 1 else None
+        if size is None:
+            return F.linear(x, self.weight, self.bias)
+        if size > m:
+            x = torch.cat([x, x.new_zeros(size - m, x.shape[1])])
+        return torch.ops.mkl._mkl_linear(x, self.packed[size], self.weight, self.bias, size)[:m]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in fp32, scale in the weight's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Layer:
+    def __init__(self, layer, packed_rows):
+        a, m = layer.self_attn, layer.mlp
+        bias = None
+        if a.q_proj.bias is not None:
+            bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        self.qkv = Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(), bias, packed_rows)
+        self.o = Linear(a.o_proj.weight.detach(), None, packed_rows)
+        self.gate_up = Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), None, packed_rows)
+        self.down = Linear(m.down_proj.weight.detach(), None, packed_rows)
+        self.ln1, self.ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+        self.eps = layer.input_layernorm.variance_epsilon
+        self.q_norm = getattr(a, "q_norm", None)  # Qwen3: RMSNorm over head_dim before RoPE
+        self.k_norm = getattr(a, "k_norm", None)
+        self.scaling = a.scaling
+        self.inter = m.gate_proj.weight.shape[0]
+
+
+class FastTarget:
+    """The target's decoder as plain tensors, with its own static KV cache."""
+
+    @staticmethod
+    def supports(model) -> str | None:
+        return unsupported_reason(model)
+
+    def __init__(self, model, max_len: int, packed_rows: tuple[int, ...] = ()):
+        from .target import base_model
+
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"the fast path does not support this target: {reason}")
+        cfg = text_config(model.config)
+        base = base_model(model)
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.hidden = cfg.hidden_size
+        self.embed = base.embed_tokens.weight.detach()
+        self.layers = [Layer(layer, packed_rows) for layer in base.layers]
+        self.norm, self.norm_eps = base.norm.weight.detach(), base.norm.variance_epsilon
+        self.head = Linear(model.get_output_embeddings().weight.detach(), None, ())
+        self.max_len = max_len
+        dev, dtype = self.embed.device, self.embed.dtype
+        pos = torch.arange(max_len, device=dev)[None]
+        cos, sin = base.rotary_emb(self.embed[:1][None], pos)  # HF's own tables (any static rope type)
+        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # [max_len, head_dim]
+        shape = (len(self.layers), self.n_kv, max_len, self.head_dim)
+        self.k = torch.zeros(shape, device=dev, dtype=dtype)
+        self.v = torch.zeros(shape, device=dev, dtype=dtype)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self._rope = apply_rotary_pos_emb
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None = None,
+                hidden_layers=(), logits: str = "all"):
+        """Run n new tokens ``ids`` [n] at ``positions`` [n], writing cache slots past..past+n-1.
+
+        ``mask``: bool [n, past + n] "may attend" (None: causal over the new tokens, all of the
+        prefix visible). Returns (logits [n or 1, V], {j: hidden_states[j] [1, n, H]}).
+        """
+        n = ids.shape[0]
+        if past + n > self.max_len:
+            raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
+        x = self.embed[ids]  # [n, H]
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, hd]
+        if mask is None and n > 1:
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+        attn_mask = None if mask is None else mask[None, None]
+        hidden = {}
+        want = set(hidden_layers)
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        for j, layer in enumerate(self.layers):
+            if j in want:
+                hidden[j] = x[None]
+            h = _rms_norm(x, layer.ln1, layer.eps)
+            qkv = layer.qkv(h)
+            q = qkv[:, :nh * hd].view(n, nh, hd)
+            k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
+            v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+            self.k[j, :, past:past + n] = k[0]
+            self.v[j, :, past:past + n] = v.transpose(0, 1)
+            o = F.scaled_dot_product_attention(q, self.k[j:j + 1, :, :past + n], self.v[j:j + 1, :, :past + n],
+                                               attn_mask=attn_mask, scale=layer.scaling, enable_gqa=nkv != nh)
+            x = x + layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))
+            gu = layer.gate_up(_rms_norm(x, layer.ln2, layer.eps))
+            x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
+        x = _rms_norm(x, self.norm, self.norm_eps)
+        if len(self.layers) in want:
+            hidden[len(self.layers)] = x[None]
+        out = self.head(x if logits == "all" else x[-1:])
+        return out, hidden
+
+    def keep(self, past: int, keep: torch.Tensor):
+        """Move tree entries ``past + keep`` to slots past, past+1, ... (only those few entries)."""
+        src = past + keep
+        dst = slice(past, past + keep.numel())
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
