@@ -53,6 +53,10 @@ class TrainConfig:
     chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
     online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
+    init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
+                                     "instead of random weights; its layers must match the store's.")
+    init_vocab: str = _f("keep", "With --init-from: 'keep' its vocabulary (d2t, t2d, lm_head as they are) or "
+                                 "'new' (built from this store; lm_head rows of shared tokens copied).")
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")

@@ -422,6 +422,12 @@ class Trainer:
         draft = Eagle3Draft(dcfg, embed_weight=self._embed.float().cpu())
         draft.init_weights(seed=cfg.seed)
         draft.set_vocab(self.vocab.ids)
+        if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
+            from .formats import FormatError, init_from
+            try:
+                draft, self.vocab = init_from(draft, self.vocab, counts, cfg, self.target_config, self._say)
+            except FormatError as e:
+                raise TrainError(f"--init-from: {e}") from None
         self.draft = draft.to(self.acc.device)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "
