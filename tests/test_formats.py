@@ -356,3 +356,20 @@ def test_push_dry_run_takes_a_speculators_draft(tmp_path, target):
     assert res.exit_code == 0, res.output
     cfg = json.loads((tmp_path / "dry" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["eagle3_training"]["target"] == "org/tiny-target"
+
+
+def test_eval_gate_takes_any_readable_draft(tmp_path, target):
+    """commands/evaluate.py: formats.as_ours, then evaluate.check_draft, then formats.read_draft."""
+    from eagle3cli.evaluate import check_draft
+    from eagle3cli.formats import as_ours
+
+    d = base_draft(target)
+    path = write_specforge(tmp_path / "sf", d)
+    said = []
+    ours = as_ours(path, target.config, say=said.append)
+    assert ours != str(path) and detect_format(ours) == "ours" and any("layer ids" in s for s in said)
+    check_draft(ours, target.config)
+    r, _ = read_draft(ours, target=target, dtype=torch.float32)
+    assert torch.equal(logits(r), logits(d))
+    mine = save_draft(d, tmp_path / "mine")
+    assert as_ours(mine, target.config) == str(mine)  # ours is used in place
