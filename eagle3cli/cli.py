@@ -29,6 +29,7 @@ COMMANDS = [
     ("push", "push", "push"),
     ("layers", "layers", "layers"),
     ("inspect", "inspect_cmd", "inspect"),
+    ("convert", "convert", "convert"),
     ("recipes", "train", "recipes"),
     ("quickstart", "quickstart", "quickstart"),
 ]

@@ -135,7 +135,9 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a published draft is world-readable
     tmp.replace(out / WEIGHTS)
-    write_json(out / CONFIG, engine_config(draft.config, dtype, metadata))
+    config = engine_config(draft.config, dtype, metadata)
+    config["norm_before_residual"] = bool(getattr(draft, "norm_before_residual", False))  # set by formats.py
+    write_json(out / CONFIG, config)
     return out
 
 

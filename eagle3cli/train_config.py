@@ -54,6 +54,10 @@ class TrainConfig:
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
     online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
     allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
+    init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
+                                     "instead of random weights; its layers must match the store's.")
+    init_vocab: str = _f("keep", "With --init-from: 'keep' its vocabulary (d2t, t2d, lm_head as they are) or "
+                                 "'new' (built from this store; lm_head rows of shared tokens copied).")
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
@@ -61,7 +65,8 @@ class TrainConfig:
     warm_start: str = _f("head", "Start the draft from the target's weights: comma-separated parts of head (final "
                                  "norm + LM head rows), fc (pass the high stream through), layer (the target's "
                                  "last layer); none = random.")
-    freeze_head: bool = _f(True, "Keep the LM head as the target's (needs --warm-start head): nothing to learn there.")
+    freeze_head: bool = _f(True, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and with "
+                                   "--init-from): nothing to learn there.")
     # --- training-time test ---
     ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")

@@ -448,9 +448,6 @@ class Trainer:
             self.warm_parts = warm_start.parse_parts(cfg.warm_start)
         except warm_start.WarmStartError as e:
             raise TrainError(str(e)) from None
-        if cfg.freeze_head and "head" not in self.warm_parts:
-            raise TrainError("--freeze-head keeps the LM head as initialised: it needs --warm-start with 'head' "
-                             "(a frozen random head learns nothing)")
         self._load_target(spec)
         try:
             self._build_draft(m)
@@ -517,10 +514,17 @@ class Trainer:
         draft = Eagle3Draft(dcfg, embed_weight=self._embed.float().cpu())
         draft.init_weights(seed=cfg.seed)
         draft.set_vocab(self.vocab.ids)
-        warm_start.apply(draft, self.warm_parts, self._warm, self.vocab.ids)
+        if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
+            from .formats import FormatError, init_from
+            try:
+                draft, self.vocab = init_from(draft, self.vocab, counts, cfg, self.target_config, self._say)
+            except FormatError as e:
+                raise TrainError(f"--init-from: {e}") from None
+        else:
+            warm_start.apply(draft, self.warm_parts, self._warm, self.vocab.ids)
+            if cfg.freeze_head and "head" in self.warm_parts:
+                draft.lm_head.weight.requires_grad_(False)
         self._warm = None  # the target's layer / head copies are not needed past here
-        if cfg.freeze_head:
-            draft.lm_head.weight.requires_grad_(False)
         self.draft = draft.to(self.acc.device)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "

@@ -78,7 +78,9 @@ def evaluate(
 
     from ..evaluate import EvalConfig, EvalError, check_draft, fmt, load_task, write_results
     from ..evaluate import evaluate as run_eval
-    from ..export import load_draft
+    import torch
+
+    from ..formats import as_ours, read_draft
     from ..generator import UnsupportedTarget, check_supported
     from ..target import load_config, load_target, load_tokenizer
 
@@ -90,12 +92,13 @@ def evaluate(
     try:
         target_config = load_config(spec)
         check_supported(target_config)
-        check_draft(draft, target_config)
+        loaded = as_ours(draft, target_config, say=lambda m: console.print(m, highlight=False))  # any format
+        check_draft(loaded, target_config)
         n_prompts = sum(len(load_task(t, data, limit)[1]) for t in task)  # fail early on bad tasks
         target = load_target(spec)
         tokenizer = load_tokenizer(spec)
         dev = next(target.parameters()).device
-        d, _ = load_draft(draft, target=target, device=dev)
+        d, _ = read_draft(loaded, target=target, dtype=torch.float32, device=dev)  # norm_before_residual too
         d.eval()
         with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:

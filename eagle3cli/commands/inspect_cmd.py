@@ -18,17 +18,18 @@ def inspect(
     """Validate an EAGLE-3 draft (ours or a third party's); exit 1 if it has problems."""
     from rich.table import Table
 
-    from ..inspector import inspect_draft
+    from ..formats import FORMATS, inspect_any
 
     target_config = None
     if model:
         from ..target import TargetSpec, load_config
 
         target_config = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
-    rep = inspect_draft(draft, target_config)
+    rep, _ = inspect_any(draft, target_config)
     table = Table(title=f"EAGLE-3 draft {draft}", show_header=False)
     s = rep.summary
     rows = [
+        ("format", FORMATS.get(s.get("format"), s.get("format"))),
         ("layers (input of layer j; vLLM)", s.get("layers_j")),
         ("layers (output of layer j-1; SGLang)", s.get("layers_j_minus_1")),
         # what the draft was built for; the --model's own size is its own row (a mismatch is a problem)
@@ -51,8 +52,13 @@ def inspect(
         table.add_row(k, "-" if v is None else str(v))
     out = console.__class__()  # summary to stdout
     out.print(table)
+    for line in (s.get("read_note") or [])[1:]:
+        out.print(f"[cyan]{line.split(':', 1)[0]}:[/]{line.split(':', 1)[1]}", highlight=False)
     for p in rep.problems:
         out.print(f"[red]problem:[/] {p}", highlight=False)
+    if s.get("format") not in (None, "ours"):
+        out.print(f"convert: `eagle3 convert {draft} --to vllm --out DIR` writes a draft both engines read",
+                  highlight=False)
     if rep.ok:
         out.print("[green]ok:[/] no problems found")
     raise typer.Exit(0 if rep.ok else 1)

@@ -26,8 +26,10 @@ def push(
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from .. import push as lib
+    from ..formats import FormatError, as_ours
 
     try:
+        draft_dir = Path(as_ours(draft_dir, say=lambda m: console.print(m, highlight=False)))  # any format
         if dry_run is not None:
             res = lib.dry_run(draft_dir, dry_run, repo, eval_results, license=license, base_model=base_model,
                               dataset_ids=dataset_id)
@@ -43,7 +45,7 @@ def push(
         for p in e.problems:
             console.print(f"  - {p}", highlight=False)
         fail(str(e))
-    except lib.PushError as e:
+    except (lib.PushError, FormatError) as e:
         fail(str(e))
     typer.echo(f"pushed {', '.join(res.files)} to {res.repo_url}")
     if res.pr_url:

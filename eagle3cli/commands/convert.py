@@ -1,0 +1,65 @@
+"""`eagle3 convert`: a draft in any format in, the format an engine wants out (library: formats.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import Revision, TrustRemoteCode, console, fail, report_console
+
+
+def convert(
+    draft: str = typer.Argument(..., help="Draft directory in any format `eagle3 inspect` names."),
+    to: str = typer.Option(..., "--to", help="ours | vllm | sglang (the same files: both engines load ours) | "
+                                              "speculators (vLLM's speculators format)."),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="Folder to write the converted draft to."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target: infers what the files do not "
+                                        "record (layer ids, max positions) and supplies the embedding."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layer ids 'j,j,j' (input of decoder layer j) "
+                                         "for a draft that records none."),
+    dtype: str = typer.Option("keep", "--dtype", help="keep | bfloat16 | float16 | float32 (keep: as stored)."),
+    revision: Optional[str] = Revision,
+    trust_remote_code: bool = TrustRemoteCode,
+):
+    """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
+    import torch
+
+    from ..formats import TARGETS, FormatError, inspect_any
+    from ..formats import convert as run
+    from ..layers import parse_layer_ids
+
+    if to not in TARGETS:
+        fail(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
+    dtypes = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if dtype not in dtypes:
+        fail(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+    target_config = target = None
+    try:
+        ids = parse_layer_ids(layers)
+        if model:
+            from ..target import TargetSpec, load_config, load_target
+
+            spec = TargetSpec(model=model, revision=revision, dtype="float32", device="cpu",
+                              trust_remote_code=trust_remote_code)
+            target_config = load_config(spec)
+            target = load_target(spec)
+        path, note = run(draft, out, to, target_config=target_config, target=target, layer_ids=ids,
+                         dtype=dtypes[dtype], target_name=model)
+    except (FormatError, ValueError, OSError) as e:
+        fail(str(e))
+    show = report_console()
+    for line in note.lines():
+        show.print(line, highlight=False)
+    if note.embed == "placeholder":
+        show.print("embedding: not in the files and no --model given: left out; the engines take the target's",
+                   highlight=False)
+    show.print(f"wrote {to} draft to {path}", highlight=False)
+    rep, _ = inspect_any(path, target_config)
+    for p in rep.problems:
+        show.print(f"[red]problem:[/] {p}", highlight=False)
+    engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}" for k, v in (rep.summary.get("engines") or {}).items())
+    show.print(f"inspect on the result: {'ok' if rep.ok else 'problems found'} (format {rep.summary.get('format')}; "
+               f"reads it correctly: {engines})", highlight=False)
+    raise typer.Exit(0 if rep.ok else 1)
