@@ -170,6 +170,7 @@ class SpecOutput:
     accepted_ranks: list[list[int]] = field(default_factory=list)  # per cycle: EAGLE-2 ranks of the path
     rank_depths: list[list[int]] = field(default_factory=list, repr=False)  # per cycle, for --tree auto
     cache: object = field(default=None, repr=False)  # the target's cache at the end (tests)
+    path: str = "hf"  # which verifier ran: hf (the target's HF forward) or fast (fast_target)
 
     @property
     def tau(self) -> float:
@@ -280,6 +281,65 @@ def forward(target, input_ids, cache, **kw):
 
 
 # --------------------------------------------------------------------------------------
+# Verifiers: the target's side of a cycle (prefill, verify a tree, keep the accepted path)
+# --------------------------------------------------------------------------------------
+class HFVerifier:
+    """The target's own HF forward over a DynamicCache: any architecture, the reference path."""
+
+    name = "hf"
+
+    def __init__(self, target, layers=None):
+        from transformers import DynamicCache
+
+        self.target, self.layers = target, layers
+        self.cache = DynamicCache(config=target.config)
+
+    def _hidden(self, out) -> dict:
+        hs = out.hidden_states
+        return {j: hs[j] for j in (range(len(hs)) if self.layers is None else self.layers)}
+
+    def prefill(self, input_ids):
+        """logits [V] after the prompt [1, L], and its hidden states {j: [1, L, H]}."""
+        out = forward(self.target, input_ids, self.cache, logits_to_keep=1)
+        return out.logits[0, -1], self._hidden(out)
+
+    def verify(self, ids, positions, mask, past: int):
+        """logits [n, V] and hidden states of n tree tokens [1, n] under ``mask`` [1, 1, n, past + n]."""
+        out = forward(self.target, ids, self.cache, attention_mask=mask, position_ids=positions)
+        return out.logits[0], self._hidden(out)
+
+    def keep(self, past: int, keep: torch.Tensor):
+        keep_cache(self.cache, past, keep)
+
+
+class FastVerifier:
+    """fast_target.FastTarget: same model, static cache, packed matmuls (Llama-family targets)."""
+
+    name = "fast"
+
+    def __init__(self, fast, layers=None):
+        self.fast = fast
+        self.layers = tuple(range(len(fast.layers) + 1)) if layers is None else tuple(layers)
+        self.cache = fast
+
+    def prefill(self, input_ids):
+        n = input_ids.shape[1]
+        logits, hidden = self.fast.forward(input_ids[0], torch.arange(n, device=input_ids.device), 0,
+                                           hidden_layers=self.layers, logits="last")
+        return logits[-1], hidden
+
+    def verify(self, ids, positions, mask, past: int):
+        return self.fast.forward(ids[0], positions[0], past, mask=mask[0, 0], hidden_layers=self.layers)
+
+    def keep(self, past: int, keep: torch.Tensor):
+        self.fast.keep(past, keep)
+
+
+def make_verifier(target, layers=None, fast=None):
+    return FastVerifier(fast, layers) if fast is not None else HFVerifier(target, layers)
+
+
+# --------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------
 @torch.no_grad()
@@ -293,15 +353,16 @@ def speculative_generate(
     stop_strings: Sequence[str] = (),
     tokenizer=None,
     seed: int | None = None,
+    fast=None,
     **overrides,
 ) -> SpecOutput:
     """Generate from ``input_ids`` [1, L] with draft-and-verify; lossless w.r.t. the target.
 
-    ``draft`` is an ``Eagle3Draft`` or any object implementing the Drafter protocol.
+    ``draft`` is an ``Eagle3Draft`` or any object implementing the Drafter protocol. ``fast``
+    (a ``fast_target.FastTarget`` of this target) verifies through the fast path; None uses
+    the target's HF forward.
     Keyword ``overrides`` set SpecSettings fields (mode=, total_tokens=, temperature=, ...).
     """
-    from transformers import DynamicCache
-
     s = settings or SpecSettings()
     if overrides:
         s = SpecSettings(**{**s.__dict__, **overrides})
@@ -346,9 +407,10 @@ def speculative_generate(
 
     # Prefill: the prompt through the target; its hidden states seed the drafter.
     t0 = time.perf_counter()
-    cache = res.cache = DynamicCache(config=target.config)
-    out = forward(target, input_ids, cache, logits_to_keep=1)
-    root = pick(out.logits[0, -1])
+    verifier = make_verifier(target, getattr(drafter, "layer_ids", None), fast)
+    res.cache, res.path = verifier.cache, verifier.name
+    last_logits, hidden = verifier.prefill(input_ids)
+    root = pick(last_logits)
     res.tokens.append(root)
     _sync(dev)
     times["prefill"] += time.perf_counter() - t0
@@ -356,7 +418,7 @@ def speculative_generate(
         return res
     t0 = time.perf_counter()
     drafter.begin(input_ids)
-    logq = drafter.observe(torch.cat([input_ids[0, 1:], input_ids.new_tensor([root])]), out.hidden_states)
+    logq = drafter.observe(torch.cat([input_ids[0, 1:], input_ids.new_tensor([root])]), hidden)
     past = L
     _sync(dev)
     times["draft"] += time.perf_counter() - t0
@@ -377,8 +439,7 @@ def speculative_generate(
         # 2. Verify the whole tree in one target forward.
         ids = torch.tensor(tree.tokens, device=dev)[None]
         pos = (past + torch.tensor(tree.depths, device=dev))[None]
-        out = forward(target, ids, cache, attention_mask=verify_mask(tree, past, dev), position_ids=pos)
-        logits = out.logits[0]
+        logits, hidden = verifier.verify(ids, pos, verify_mask(tree, past, dev), past)
         _sync(dev)
         t2 = time.perf_counter()
         # 3. Accept, keep the accepted path in the target cache.
@@ -387,7 +448,7 @@ def speculative_generate(
         else:
             path, bonus = accept_greedy(tree, logits)
         keep = torch.tensor([0] + path, device=dev)
-        keep_cache(cache, past, keep)
+        verifier.keep(past, keep)
         new = [tree.tokens[i] for i in path] + [bonus]
         res.forwards += 1
         res.accept_lengths.append(len(new))
@@ -409,8 +470,7 @@ def speculative_generate(
             break
         # 4. The drafter sees the target's features of the accepted positions.
         t0 = time.perf_counter()
-        hs = [h[:, keep] for h in out.hidden_states]
-        logq = drafter.observe(torch.tensor(new, device=dev), hs)
+        logq = drafter.observe(torch.tensor(new, device=dev), {j: h[:, keep] for j, h in hidden.items()})
         _sync(dev)
         times["draft"] += time.perf_counter() - t0
     drafter.rollback()
@@ -431,11 +491,17 @@ def _cut_at_stop_string(res: SpecOutput, tokenizer, stop_strings) -> bool:
 
 
 @torch.no_grad()
-def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
-    """Plain greedy decoding, one token per forward (the reference for the lossless tests)."""
+def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None, fast=None) -> list[int]:
+    """Plain greedy decoding, one token per forward (the reference for the lossless tests).
+
+    With ``fast`` (a FastTarget of this target) the same loop runs on the fast path: the
+    honest plain baseline for a speculative run that verifies through it.
+    """
     from transformers import DynamicCache
 
     stops = eos_ids(target, eos_token_id)
+    if fast is not None:
+        return _fast_greedy(fast, input_ids, max_new_tokens, stops)
     cache = DynamicCache(config=target.config)
     out = target(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
     toks = []
@@ -445,6 +511,19 @@ def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_to
         if t in stops or len(toks) >= max_new_tokens:
             return toks
         out = target(input_ids=input_ids.new_tensor([[t]]), cache=cache, use_cache=True)
+
+
+def _fast_greedy(fast, input_ids, max_new_tokens: int, stops: set[int]) -> list[int]:
+    n = input_ids.shape[1]
+    logits, _ = fast.forward(input_ids[0], torch.arange(n, device=input_ids.device), 0, logits="last")
+    toks = []
+    while True:
+        t = int(logits[-1].argmax())
+        toks.append(t)
+        if t in stops or len(toks) >= max_new_tokens:
+            return toks
+        pos = n + len(toks) - 1
+        logits, _ = fast.forward(input_ids.new_tensor([t]), input_ids.new_tensor([pos]), pos)
 
 
 def n_alpha(outputs: Sequence[SpecOutput], max_n: int | None = None) -> list[float | None]:

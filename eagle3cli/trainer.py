@@ -514,16 +514,16 @@ class Trainer:
         draft = Eagle3Draft(dcfg, embed_weight=self._embed.float().cpu())
         draft.init_weights(seed=cfg.seed)
         draft.set_vocab(self.vocab.ids)
+        # The warm start first: with --init-from, rows of tokens new to its vocabulary keep it.
+        warm_start.apply(draft, self.warm_parts, self._warm, self.vocab.ids)
         if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
             from .formats import FormatError, init_from
             try:
                 draft, self.vocab = init_from(draft, self.vocab, counts, cfg, self.target_config, self._say)
             except FormatError as e:
                 raise TrainError(f"--init-from: {e}") from None
-        else:
-            warm_start.apply(draft, self.warm_parts, self._warm, self.vocab.ids)
-            if cfg.freeze_head and "head" in self.warm_parts:
-                draft.lm_head.weight.requires_grad_(False)
+        elif cfg.freeze_head and "head" in self.warm_parts:
+            draft.lm_head.weight.requires_grad_(False)
         self._warm = None  # the target's layer / head copies are not needed past here
         self.draft = draft.to(self.acc.device)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)

@@ -300,3 +300,97 @@ def test_n_alpha_counts_conditional_acceptance():
     o = SpecOutput(tokens=[], prompt_len=1, accept_lengths=[1, 2, 4, 3], drafted=[3, 3, 3, 3])
     # accepted drafts per cycle: 0, 1, 3, 2 -> a0 = 3/4, a1 = 2/3, a2 = 1/2
     assert n_alpha([o]) == [0.75, pytest.approx(2 / 3), 0.5]
+
+
+# ---- the fast path (fast_target.FastTarget): same model, static cache, packed matmuls ----
+from eagle3cli.fast_target import FastTarget  # noqa: E402
+from eagle3cli.tree import verify_mask  # noqa: E402
+
+FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+@pytest.mark.parametrize("arch", FAST_ARCHS)
+def test_fast_target_matches_hf_forward(arch):
+    """Prefill, a tree verification with its mask, and the kept cache equal the HF forward's."""
+    target = tiny_model(arch)
+    fast = FastTarget(target, 64, packed_rows=(5,))
+    ids = prompt(7)
+    n = ids.shape[1]
+    layers = (0, 2, target.config.num_hidden_layers)
+    with torch.no_grad():
+        ref = target(input_ids=ids, output_hidden_states=True)
+        logits, hidden = fast.forward(ids[0], torch.arange(n), 0, hidden_layers=layers)
+        torch.testing.assert_close(logits, ref.logits[0], atol=1e-5, rtol=1e-5)
+        for j in layers:
+            torch.testing.assert_close(hidden[j], ref.hidden_states[j], atol=1e-5, rtol=1e-5)
+        # a 4-node tree (root, two children, one grandchild) after the prompt, padded to 5 packed rows
+        tree = new_tree(int(ids[0, -1]))
+        a = tree.add(11, 0, -0.1)
+        tree.add(12, 0, -0.2)
+        tree.add(13, a, -0.3)
+        mask = verify_mask(tree, n, None)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=target.config)
+        target(input_ids=ids, cache=cache, use_cache=True)
+        pos = (n + torch.tensor(tree.depths))[None]
+        ref = target(input_ids=torch.tensor([tree.tokens]), cache=cache, use_cache=True, attention_mask=mask,
+                     position_ids=pos)
+        got, _ = fast.forward(torch.tensor(tree.tokens), pos[0], n, mask=mask[0, 0])
+        torch.testing.assert_close(got, ref.logits[0], atol=1e-4, rtol=1e-4)
+        # keep root and grandchild path (0, a, 3): the cache equals a fresh prefill of that sequence
+        keep = torch.tensor([0, a, 3])
+        fast.keep(n, keep)
+        seq = torch.cat([ids[0], torch.tensor([tree.tokens[i] for i in keep.tolist()])])
+        fresh = FastTarget(target, 64)
+        fresh.forward(seq, torch.arange(seq.numel()), 0)
+        m = seq.numel()
+        torch.testing.assert_close(fast.k[:, :, :m], fresh.k[:, :, :m], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(fast.v[:, :, :m], fresh.v[:, :, :m], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", FAST_ARCHS)
+def test_fast_path_greedy_equality(arch):
+    """Speculative decoding on the fast path is token for token the HF target's greedy output."""
+    target = tiny_model(arch)
+    draft = random_draft(target)
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    fast = FastTarget(target, 128, packed_rows=(4, 13))
+    accepted = 0
+    for i in range(3):
+        ids = prompt(20 + i)
+        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS)
+        assert greedy_generate(target, ids, 30, eos_token_id=NO_EOS, fast=fast) == ref
+        for d in (draft, oracle):
+            for kw in (dict(mode="tree", total_tokens=12, depth=4, top_k=3), dict(mode="chain", steps=3)):
+                out = speculative_generate(target, d, ids, max_new_tokens=30, eos_token_id=NO_EOS, fast=fast, **kw)
+                assert out.path == "fast"
+                assert out.tokens == ref, f"{arch} {kw['mode']} prompt {i}"
+                accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > 10  # the oracle's paths were accepted, so the kept cache was exercised
+
+
+@pytest.mark.parametrize("mode,drafter_kind", [("tree", "eagle"), ("chain", "noisy")])
+def test_fast_path_sampling_matches_target_distribution(mode, drafter_kind):
+    target = tiny_model("llama", vocab_size=8, num_hidden_layers=3, hidden_size=32, intermediate_size=64)
+    fast = FastTarget(target, 16, packed_rows=(4, 7))
+    ids = torch.tensor([[1, 5, 3, 2]])
+    T = 0.8
+    drafter = Oracle(target, noise=1.0) if drafter_kind == "noisy" else random_draft(target, keep_every=2)
+    p2, p3 = exact_marginals(target, ids, T)
+    n = 300
+    c2, c3 = torch.zeros(8), torch.zeros(8)
+    for seed in range(n):
+        out = speculative_generate(target, drafter, ids, mode=mode, total_tokens=6, depth=3, top_k=3, steps=3,
+                                   temperature=T, max_new_tokens=3, eos_token_id=NO_EOS, seed=seed, fast=fast)
+        c2[out.tokens[1]] += 1
+        c3[out.tokens[2]] += 1
+    assert chisquare(c2.numpy(), (p2 * n).numpy()).pvalue > 1e-3
+    assert chisquare(c3.numpy(), (p3 * n).numpy()).pvalue > 1e-3
+
+
+def test_fast_path_refuses_what_it_cannot_run():
+    assert "phi3" in FastTarget.supports(tiny_model("phi3"))
+    assert FastTarget.supports(tiny_model("llama")) is None
+    with pytest.raises(ValueError, match="fast path does not support"):
+        FastTarget(tiny_model("phi3"), 16)
