@@ -265,13 +265,19 @@ class EvalConfig:
     prompt_lookup_tokens: int = 10
     seed: int = 0
     warmup_tokens: int = 32
+    fast: str = "auto"  # auto | on | off: verify (and decode the plain baseline) through fast_target
+
+
+# baseline_hf: HF generate; baseline_fast: plain greedy on the fast path (same forward as the
+# speculative run); "baseline" in results is the faster of the two (docs/design.md §10).
+METHODS = ("baseline_hf", "baseline_fast", "speculative", "prompt_lookup")
 
 
 @dataclass
 class TaskStats:
     num_prompts: int = 0
-    new_tokens: dict = field(default_factory=lambda: {"baseline": 0, "speculative": 0, "prompt_lookup": 0})
-    seconds: dict = field(default_factory=lambda: {"baseline": 0.0, "speculative": 0.0, "prompt_lookup": 0.0})
+    new_tokens: dict = field(default_factory=lambda: dict.fromkeys(METHODS, 0))
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(METHODS, 0.0))
     outputs: list = field(default_factory=list)
     mismatches: list = field(default_factory=list)
     errors: list = field(default_factory=list)
@@ -301,18 +307,46 @@ def hardware() -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
+def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[object | None, str | None]:
+    """(FastTarget or None, why not) for this run: --fast auto uses it where it applies.
+
+    Greedy only: the fast path's plain baseline is greedy decoding, and sampling compares
+    against HF generate's sampler. On a CPU in fp32 its matmuls are packed for the one
+    verification size of these settings (root + drafted nodes).
+    """
+    from .fast_target import FastTarget
+
+    if cfg.fast == "off":
+        return None, "--fast off"
+    reason = FastTarget.supports(target)
+    if reason is None and cfg.temperature > 0:
+        reason = "temperature > 0"
+    if reason:
+        if cfg.fast == "on":
+            raise EvalError(f"--fast on: the fast path does not apply here: {reason}")
+        return None, f"fast path not used: {reason}"
+    total, _, _ = settings.shape()
+    max_len = min(max_pos or 8192, 8192)
+    return FastTarget(target, max_len, packed_rows=(total + 1,)), None
+
+
 def summarize(stats: TaskStats, cfg: EvalConfig) -> dict:
     from .generator import n_alpha
 
     outs = stats.outputs
     fwd = sum(o.forwards for o in outs)
     tau = sum(o.decode_tokens for o in outs) / fwd if fwd else None
-    tps = {k: (stats.new_tokens[k] / stats.seconds[k] if stats.seconds[k] else None)
-           for k in ("baseline", "speculative", "prompt_lookup")}
+    tps = {k: (stats.new_tokens[k] / stats.seconds[k] if stats.seconds[k] else None) for k in METHODS}
     if not cfg.prompt_lookup:
         tps.pop("prompt_lookup")
+    plain = [v for k, v in tps.items() if k.startswith("baseline_") and v]
+    tps["baseline"] = max(plain) if plain else None  # the fastest honest plain decoding
     times = {k: sum(o.times[k] for o in outs) for k in ("prefill", "draft", "verify", "bookkeeping")}
+    cycle = sum(v for k, v in times.items() if k != "prefill") / fwd if fwd else None
     return {
+        "path": outs[0].path if outs else None,
+        # a whole cycle (draft + verify + bookkeeping) in plain decoding steps of the fastest baseline
+        "cycle_ratio": cycle * tps["baseline"] if cycle and tps["baseline"] else None,
         "num_prompts": stats.num_prompts,
         "tau": tau,
         "n_alpha": n_alpha(outs) if cfg.mode == "chain" and outs else None,
@@ -336,7 +370,7 @@ def _hist(xs):
 def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
     """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
     from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
-    from .generator import as_drafter
+    from .generator import as_drafter, greedy_generate
 
     check_supported(target.config)
     dev = next(target.parameters()).device
@@ -349,11 +383,18 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if not any(ps for _, ps in loaded):
         raise EvalError("no prompts to evaluate")
 
+    fast, path_note = build_fast_target(target, cfg, settings, max_pos)
+    log(f"verification path: {'fast (fast_target: static cache, packed matmuls)' if fast else 'hf'}"
+        + (f" ({path_note})" if path_note else ""))
+
     def spec(ids, s=settings, seed=cfg.seed):
-        return speculative_generate(target, drafter, ids, s, seed=seed)
+        return speculative_generate(target, drafter, ids, s, seed=seed, fast=fast)
 
     def base(ids, seed=cfg.seed):
         return hf_generate(target, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.sampling_top_k, seed=seed)
+
+    def base_fast(ids):
+        return greedy_generate(target, ids, cfg.max_new_tokens, fast=fast)
 
     # Warm-up (same for every method) on the first prompt, then optional tree calibration.
     firsts = [encode(tokenizer, [{"role": "user", "content": p.turns[0]}]) for _, ps in loaded for p in ps[:8]]
@@ -362,8 +403,10 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         raise EvalError(f"no prompt fits the target's context of {max_pos} tokens")
     first = firsts[0]
     warm = SpecSettings(**{**settings.__dict__, "max_new_tokens": cfg.warmup_tokens})
-    speculative_generate(target, drafter, first, warm, seed=cfg.seed)
+    speculative_generate(target, drafter, first, warm, seed=cfg.seed, fast=fast)
     hf_generate(target, first, cfg.warmup_tokens)
+    if fast is not None:
+        greedy_generate(target, first, cfg.warmup_tokens, fast=fast)
     if cfg.prompt_lookup:
         hf_generate(target, first, cfg.warmup_tokens, prompt_lookup=cfg.prompt_lookup_tokens)
     auto = None
@@ -394,6 +437,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                     break
                 try:
                     b, tb = timed(lambda: base(ids), dev)
+                    bf, tbf = timed(lambda: base_fast(ids), dev) if fast is not None else (None, 0.0)
                     s_out, ts = timed(lambda: spec(ids), dev)
                 except (ContextTooLong, UnsupportedTarget) as e:
                     log(f"error: {task} prompt {pid}: {e}")
@@ -402,8 +446,11 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                     break
                 rows = [stats, cat]
                 for st in rows:
-                    st.new_tokens["baseline"] += len(b)
-                    st.seconds["baseline"] += tb
+                    st.new_tokens["baseline_hf"] += len(b)
+                    st.seconds["baseline_hf"] += tb
+                    if bf is not None:
+                        st.new_tokens["baseline_fast"] += len(bf)
+                        st.seconds["baseline_fast"] += tbf
                     st.new_tokens["speculative"] += len(s_out.tokens)
                     st.seconds["speculative"] += ts
                     st.outputs.append(s_out)
@@ -413,6 +460,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                     for st in rows:
                         st.new_tokens["prompt_lookup"] += len(pl)
                         st.seconds["prompt_lookup"] += tp
+                if bf is not None and bf != b:  # the fast forward must decode what the HF forward decodes
+                    log(f"note: {task} prompt {pid}: plain decoding on the fast path differs from HF generate "
+                        f"at token {next((i for i, (x, y) in enumerate(zip(bf, b)) if x != y), min(len(b), len(bf)))}")
                 if cfg.temperature == 0 and s_out.tokens != b:
                     at = next((i for i, (x, y) in enumerate(zip(s_out.tokens, b)) if x != y), min(len(b), len(s_out.tokens)))
                     log(f"error: LOSSLESS CHECK FAILED: {task} prompt {pid} differs from greedy at token {at}")

@@ -59,13 +59,30 @@ def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path, monke
     t = res["tasks"]["mini"]
     assert t["num_prompts"] == 3 and t["lossless"] is True and t["mismatches"] == []
     assert t["tau"] >= 1.0 and t["n_alpha"] is None
-    assert set(t["tokens_per_s"]) == {"baseline", "speculative", "prompt_lookup"}
-    assert all(v > 0 for v in t["tokens_per_s"].values())
+    tps = t["tokens_per_s"]
+    assert set(tps) == {"baseline", "baseline_hf", "baseline_fast", "speculative", "prompt_lookup"}
+    assert all(v > 0 for v in tps.values())
+    # the tiny Llama takes the fast path; speedup is against the faster of the two plain decodings
+    assert t["path"] == "fast" and tps["baseline"] == max(tps["baseline_hf"], tps["baseline_fast"])
+    assert t["speedup"] == pytest.approx(tps["speculative"] / tps["baseline"])
+    assert t["cycle_ratio"] > 0
+    assert "verification path: fast" in r.output
     assert res["settings"]["mode"] == "tree" and res["settings"]["total_tokens"] == 6
     assert res["settings"]["depth"] == 3 and res["settings"]["top_k"] == 2
     assert res["target"] == str(smol_tiny_dir) and res["draft"] == str(draft)
     assert {c["category"] for c in res["per_category"]} == {"writing", "math"}
     assert (out / "results.png").stat().st_size > 1000
+
+
+def test_eval_fast_off_runs_the_hf_path(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(tmp_path / "o"), "--max-new-tokens", "8",
+                            "--mode", "chain", "--steps", "2", "--fast", "off"])
+    assert r.exit_code == 0, r.output
+    t = json.loads((tmp_path / "o" / "results.json").read_text())["tasks"]["mini"]
+    assert t["path"] == "hf" and t["lossless"] is True and t["tokens_per_s"]["baseline_fast"] is None
+    assert t["tokens_per_s"]["baseline"] == t["tokens_per_s"]["baseline_hf"]
 
 
 def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):

@@ -42,6 +42,9 @@ def evaluate(
     steps: int = typer.Option(3, "--steps", help="Chain mode: drafted tokens per cycle."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="prompt-lookup: add HF prompt-lookup decoding."),
     seed: int = typer.Option(0, "--seed"),
+    fast: str = typer.Option("auto", "--fast", help="auto|on|off: verify through the fast path (static cache, packed "
+                             "matmuls; Llama/Mistral/Qwen2/Qwen3, greedy) where it applies, and measure plain "
+                             "decoding on it too; speedup is against the faster plain decoding."),
     revision: Optional[str] = Revision,
     dtype: str = Dtype,
     device: Optional[str] = Device,
@@ -59,6 +62,8 @@ def evaluate(
         fail("--temperature must be >= 0 and --top-p in (0, 1]")
     if max_new_tokens < 1 or steps < 1:
         fail("--max-new-tokens and --steps must be at least 1")
+    if fast not in ("auto", "on", "off"):
+        fail(f"--fast must be auto, on or off, got {fast!r}")
     if data and len(task) != 1:
         fail("--data gives the prompts of one task; pass a single --task with it")
     from ..errors import check_out_dir
@@ -88,7 +93,7 @@ def evaluate(
     cfg = EvalConfig(tasks=list(task), data=data, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_p=top_p, sampling_top_k=sampling_top_k, mode=mode,
                      total_tokens=total, depth=depth, top_k=top_k, steps=steps, tree_auto=auto,
-                     prompt_lookup=baseline == "prompt-lookup", seed=seed)
+                     prompt_lookup=baseline == "prompt-lookup", seed=seed, fast=fast)
     try:
         target_config = load_config(spec)
         check_supported(target_config)
@@ -136,14 +141,15 @@ def show(results: dict):
     shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
     t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")
     has_pl = any("prompt_lookup" in r["tokens_per_s"] for r in results["tasks"].values())
-    for col in ["task", "prompts", "tau", "plain tok/s", "spec tok/s", "speedup"] + (["lookup tok/s"] if has_pl else []) \
-            + ["n-alpha", "lossless"]:
+    for col in ["task", "prompts", "path", "tau", "plain HF tok/s", "plain fast tok/s", "spec tok/s", "cycle/step",
+                "speedup"] + (["lookup tok/s"] if has_pl else []) + ["n-alpha", "lossless"]:
         t.add_column(col, justify="left" if col in ("task", "n-alpha") else "right")
     for name, r in results["tasks"].items():
         tps = r["tokens_per_s"]
         alpha = " ".join(fmt(a) for a in r["n_alpha"]) if r["n_alpha"] else "-"
         lossless = {True: "[green]yes[/]", False: "[red]NO[/]", None: "n/a (T>0)"}[r["lossless"]]
-        row = [name, str(r["num_prompts"]), fmt(r["tau"]), fmt(tps["baseline"], ".1f"), fmt(tps["speculative"], ".1f"),
+        row = [name, str(r["num_prompts"]), r.get("path") or "-", fmt(r["tau"]), fmt(tps.get("baseline_hf"), ".1f"),
+               fmt(tps.get("baseline_fast"), ".1f"), fmt(tps["speculative"], ".1f"), fmt(r.get("cycle_ratio")),
                fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
         if has_pl:
             row.append(fmt(tps.get("prompt_lookup"), ".1f"))
@@ -161,4 +167,5 @@ def show(results: dict):
         if r.get("cycle_ms"):
             ms = r["cycle_ms"]
             out.print(f"{name}: per cycle draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, "
-                      f"bookkeeping {ms['bookkeeping']:.1f} ms", highlight=False)
+                      f"bookkeeping {ms['bookkeeping']:.1f} ms; speedup is against the faster plain decoding",
+                      highlight=False)
