@@ -62,11 +62,11 @@ class TrainConfig:
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
     # --- initialisation ---
-    warm_start: str = _f("head", "Start the draft from the target's weights: comma-separated parts of head (final "
+    warm_start: str = _f("none", "Start the draft from the target's weights: comma-separated parts of head (final "
                                  "norm + LM head rows), fc (pass the high stream through), layer (the target's "
-                                 "last layer); none = random.")
-    freeze_head: bool = _f(True, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and with "
-                                   "--init-from): nothing to learn there.")
+                                 "last layer); none = random (measured best for short CPU runs, docs/benchmarks.md).")
+    freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
+                                  "with --init-from): nothing to learn there.")
     # --- training-time test ---
     ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")

@@ -314,3 +314,18 @@ def test_report_to_names_an_unknown_or_missing_tracker():
     if importlib.util.find_spec("wandb") is None:
         with pytest.raises(TrainError, match="pip install wandb"):
             check_trackers("wandb")
+
+
+def test_warm_start_head_frozen_keeps_the_target_rows_and_still_learns(store, target_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    res = train(config(store, target_dir, tmp_path / "warm", epochs=3, warm_start="head", freeze_head=True),
+                quiet=True)
+    target = AutoModelForCausalLM.from_pretrained(target_dir)
+    d = res.draft
+    vocab = d.draft_to_target(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu()
+    # frozen: after training the LM head is still exactly the target's rows of the draft vocab
+    assert torch.equal(d.lm_head.weight.detach().cpu(), target.get_output_embeddings().weight[vocab].detach())
+    assert not torch.equal(d.norm.weight.detach().cpu(), target.model.norm.weight.detach())  # the norm trains
+    losses = [h["loss"] for h in res.history if "acc" in h]
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses  # the rest of the draft learns
