@@ -552,6 +552,13 @@ def convert(path: str | Path, out_dir: str | Path, to: str = "ours", target_conf
     return out, note
 
 
+def _damaged_ours(path: str | Path) -> bool:
+    """Our file layout (config.json and model.safetensors) whose format cannot be read: a
+    truncated or garbled file, reported by ``inspect_draft`` with what to do about it."""
+    d = Path(path)
+    return (d / CONFIG).is_file() and (d / WEIGHTS).is_file()
+
+
 def as_ours(path: str | Path, target_config=None, say=None) -> str:
     """``path`` itself when it is our format, else a converted copy in a temporary folder
     (removed at exit): how eval and push accept any readable draft."""
@@ -559,7 +566,13 @@ def as_ours(path: str | Path, target_config=None, say=None) -> str:
     import shutil
     import tempfile
 
-    if detect_format(path) == "ours":
+    try:
+        fmt = detect_format(path)
+    except FormatError:
+        if not _damaged_ours(path):
+            raise
+        return str(path)  # our file names, broken contents: inspect_draft names what is wrong
+    if fmt == "ours":
         return str(path)
     tmp = tempfile.mkdtemp(prefix="eagle3-converted-")
     atexit.register(shutil.rmtree, tmp, True)
@@ -579,6 +592,8 @@ def inspect_any(path: str | Path, target_config=None):
     try:
         fmt = detect_format(path)
     except FormatError as e:
+        if _damaged_ours(path):  # our layout with a garbled file: the detailed checks say which and why
+            return inspect_draft(path, target_config), None
         rep = InspectReport(str(path))
         rep.problems.append(str(e))
         return rep, None
