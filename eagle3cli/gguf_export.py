@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -54,6 +55,16 @@ TENSOR_NAMES = {
 
 class GGUFExportError(RuntimeError):
     """One line that says what to do."""
+
+
+@dataclass
+class GGUFOptions:
+    """What `eagle3 push --gguf TYPE` needs to add draft-TYPE.gguf files to the repo."""
+
+    outtypes: list[str]
+    target_dir: str | None = None
+    target_gguf: str | None = None
+    llama_cpp: str | None = None
 
 
 # ---------------------------------------------------------------- finding llama.cpp

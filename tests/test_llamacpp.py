@@ -247,3 +247,54 @@ def test_eval_engine_errors_are_one_line(engine_case, tmp_path, monkeypatch, fak
     (tmp_path / "d.gguf").unlink()
     r = runner.invoke(app, _engine_args(target, draft, turns, out, fake_bin, "--engine-only"))
     assert r.exit_code == 1 and "d.gguf: no such GGUF file" in r.output
+
+
+# ---------------------------------------------------------------- push --gguf and the card
+
+@pytest.fixture(autouse=False)
+def this_checkouts_template(monkeypatch):
+    # An editable install maps eagle3cli.templates to the checkout it was installed from, which
+    # may be another worktree: render the card from the template beside these tests.
+    from eagle3cli import model_card
+
+    here = Path(__file__).resolve().parents[1] / "templates"
+    monkeypatch.setattr(model_card, "template_text", lambda name=model_card.TEMPLATE: (here / name).read_text())
+
+def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, this_checkouts_template):
+    from huggingface_hub import ModelCard
+
+    from eagle3cli.gguf_export import read_gguf_summary
+
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    args = ["push", str(draft_dir), "--repo", "me/tiny-eagle3", "--base-model", "me/tiny", "--dry-run",
+            str(tmp_path / "repo"), "--gguf", "q8_0", "--target-gguf", str(target_gguf)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    repo = tmp_path / "repo"
+    assert sorted(p.name for p in repo.iterdir()) == ["README.md", "config.json", "draft-q8_0.gguf",
+                                                      "eagle3_training.json", "model.safetensors"]
+    assert read_gguf_summary(repo / "draft-q8_0.gguf")["tensors"]["fc.weight"] == ("Q8_0", (3 * H, H))
+    card = ModelCard.load(repo / "README.md").text
+    assert "hf download me/tiny-eagle3 draft-q8_0.gguf --local-dir .\n" \
+           "llama-server -m TARGET.gguf -md draft-q8_0.gguf --spec-type draft-eagle3 --spec-draft-n-max 3" in card
+    r = runner.invoke(app, args)  # an earlier dry run with a GGUF in it is replaced, not refused
+    assert r.exit_code == 0 and "replacing the earlier dry run" in r.output, r.output
+    r = runner.invoke(app, args[:-4] + ["--gguf", "q4"])
+    assert r.exit_code == 1 and "--gguf must be one of f32, f16, bf16, q8_0" in r.output
+
+
+def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
+    from eagle3cli.export import read_config
+    from eagle3cli.model_card import eval_rows, render_card
+
+    res = {"hardware": "CPU", "settings": {"mode": "chain", "steps": 3}, "tasks": {},
+           "engine": {"name": "llama.cpp", "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": 3, "threads": 2},
+                      "tasks": {"mt_bench": {"num_prompts": 20, "tau": 1.4567, "speedup": 0.81, "lossless": True,
+                                             "tokens_per_s": {"baseline": 36.04, "speculative": 29.2}}}}}
+    (row,) = eval_rows([res])
+    assert (row["task"], row["tau"], row["speedup"], row["tokens_per_s"]) == \
+        ("mt_bench (llama.cpp)", "1.46", "0.81×", "36.0 → 29.2")
+    assert row["settings"] == "llama.cpp draft-eagle3, chain 3, threads 2"
+    card = render_card(read_config(draft_dir), "me/x", "me/tiny", [res]).text
+    assert "hf download me/x --local-dir draft && eagle3 export-gguf draft" in card
+    assert "| mt_bench (llama.cpp) | 20 | 1.46 |" in card
