@@ -103,8 +103,8 @@ class Server:
 
     def __enter__(self):
         self.port = self.port or _free_port()
-        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT)
+        self._log = open(self.log_path, "w") if self.log_path else None
+        self.proc = subprocess.Popen(self.args(), stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -128,6 +128,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+            self._log = None
         return False
 
     def _last_log_line(self) -> str:
