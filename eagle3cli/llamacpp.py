@@ -246,6 +246,7 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
         return Server(binary, target_gguf, draft=draft, n_max=n_max, p_min=p_min, threads=threads,
                       threads_draft=threads_draft, ctx=ctx, log_path=log_dir / name if log_dir else None)
 
+    n_prompts, done = sum(len(ps) for _, ps in loaded), 0
     log(f"llama.cpp: plain decoding ({binary})")
     with server(None) as s:
         for task, prompts in loaded:
@@ -266,6 +267,8 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
                     messages.append({"role": "assistant", "content": r.get("content")
                                      if r.get("content") is not None else tokenizer.decode(out)})
                 contexts[(task, p.id)] = ctxs
+                done += 1
+                log(f"llama.cpp plain: {done}/{n_prompts} prompts")
                 if progress:
                     progress()
     if first is None:
@@ -284,6 +287,8 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
                     spec[task].add(r, time.perf_counter() - t0)
                     if list(r.get("tokens") or []) != plain_out[(task, p.id, i)] and p.id not in mismatches[task]:
                         mismatches[task].append(p.id)
+                done += 1
+                log(f"llama.cpp speculative: {done - n_prompts}/{n_prompts} prompts")
                 if progress:
                     progress()
             per_task_metrics[task] = _delta(s.metrics(), m0)

@@ -158,7 +158,11 @@ def _run_engine(spec, draft, tasks, data, limit, out, max_new_tokens, steps, ser
     from ..llamacpp import LlamaCppError, engine_files, run
     from ..target import load_tokenizer
 
+    import signal
+    import sys
+
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
     try:
         loaded = [load_task(t, data, limit) for t in tasks]
         tg, dg = engine_files(draft, spec.model, Path(out) / "gguf", target_gguf, draft_gguf, llama_cpp, log=say)
