@@ -11,8 +11,8 @@ tokenizer when --model is given), REPEATS times; medians. From its output: decod
 n_drafted / n_accept, and the target context's perf counters (``prompt eval time`` holds the
 verification batches of K+1 tokens, ``eval time`` single-token steps). Per cycle (one target
 verification): cycles = n_predict - n_accept (each cycle emits its accepted drafts plus one);
-verify ms = target batched-eval time / cycles; draft+overhead ms = the rest of the decode time
-/ cycles. A cycle pays off when tau / (cycle ms) > 1 / (plain step ms).
+verify ms = target eval time (batched + single, prompt pass excluded) / cycles; draft+overhead ms
+= the rest of the decode time / cycles. A cycle pays off when tau / (cycle ms) > 1 / (plain step ms).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def run_spec(spec_bin: Path, target: Path, draft: Path, prompt: str, n: int, thr
         f.write(prompt)
     cmd = [str(spec_bin), "-m", str(target), "-md", str(draft), "--spec-type", "draft-eagle3",
            "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min), "-f", f.name, "-n", str(n),
-           "-t", str(threads), "--temp", "0", "-c", "4096", "--no-warmup", *extra]
+           "-t", str(threads), "--temp", "0", "-c", "4096", *extra]
     p = subprocess.run(cmd, capture_output=True, text=True)
     Path(f.name).unlink()
     if p.returncode != 0:
@@ -100,15 +100,15 @@ def prompts(path: Path | None, limit: int, model: str | None) -> list[str]:
 def summarize(runs: list[dict], plain: float, n_max: int) -> dict:
     med = lambda xs: statistics.median(x for x in xs if x is not None)  # noqa: E731
     cyc = [r["decoded"] - r["n_accept"] for r in runs]
-    verify = [(r["tgt_batch_ms"] - 1000 * (r["prompt_s"] or 0) * 0) for r in runs]  # refined below
     out = {"speed": med(r["speed"] for r in runs),
            "tau": sum(r["decoded"] for r in runs) / sum(cyc),
            "accepted": sum(r["n_accept"] for r in runs), "drafted": sum(r["n_drafted"] for r in runs)}
     cycle_ms = [1000 * r["decode_s"] / c for r, c in zip(runs, cyc)]
-    # verification: the target's batched evals minus the prompt pass (measured by 'encoded ... in S')
-    ver_ms = [(r["tgt_batch_ms"] - 1000 * r["prompt_s"]) / c if r["tgt_batch_ms"] is not None and r["prompt_s"]
-              else None for r, c in zip(runs, cyc)]
-    del verify
+    # target time per cycle: its batched evals (prompt + verifications) and single-token evals (steps
+    # with nothing drafted), minus the prompt pass ('encoded ... in S', which also holds the draft's
+    # prompt pass: verify is a slight underestimate, draft/other a slight overestimate)
+    ver_ms = [(r["tgt_batch_ms"] + (r["tgt_single_ms"] or 0) - 1000 * r["prompt_s"]) / c
+              if r["tgt_batch_ms"] is not None and r["prompt_s"] else None for r, c in zip(runs, cyc)]
     out["cycle_ms"] = statistics.median(cycle_ms)
     vs = [v for v in ver_ms if v is not None]
     out["verify_ms"] = statistics.median(vs) if vs else None
@@ -137,8 +137,8 @@ def main():
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     bench, spec = find_binary("llama-bench", a.llama_cpp), find_binary("llama-speculative-simple", a.llama_cpp)
-    plain = plain_tps(bench, a.target_gguf, a.n, a.threads, a.repeats)
-    print(f"plain: {plain:.1f} tok/s ({bench.name} -m {a.target_gguf.name} -p 0 -n {a.n} -t {a.threads} -r {a.repeats})")
+    plain = plain_tps(bench, a.target_gguf, a.n, a.threads, max(3, a.repeats))
+    print(f"plain: {plain:.1f} tok/s ({bench.name} -m {a.target_gguf.name} -p 0 -n {a.n} -t {a.threads} -r {max(3, a.repeats)})")
     ps = prompts(a.prompts, a.limit, a.model)
     extra = ["-td", str(a.threads_draft)] if a.threads_draft else []
     rows = []
