@@ -8,11 +8,12 @@
 # Prints the source tree (for `--llama-cpp` / EAGLE3_LLAMA_CPP: it holds convert_hf_to_gguf.py and
 # build/bin) and the binaries. About 13 CPU-minutes with 2 cores.
 # Environment: LLAMACPP_VERSION (default 0.3.36, the version checked here),
-# JOBS (default 2), NICE (default 19: the build yields to everything else), PIP (default pip).
+# JOBS (default 2), NICE (default 19: the build yields to everything else), PIP (default pip),
+# NATIVE (auto: -march=native unless the CPU has AMX, see below).
 # Converting models needs a python with torch, transformers, numpy, sentencepiece, safetensors.
 set -euo pipefail
 
-[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 DIR=${1:-${LLAMACPP_DIR:-$HOME/.cache/eagle3/llamacpp}}
 VERSION=${LLAMACPP_VERSION:-0.3.36}
 JOBS=${JOBS:-2}
@@ -36,8 +37,23 @@ if [[ ! -f $SRC/CMakeLists.txt ]]; then
   tar xzf "$SDIST" -C "$DIR"
 fi
 [[ -f $SRC/src/models/eagle3.cpp ]] || { echo "error: $SRC has no src/models/eagle3.cpp: this llama.cpp cannot serve EAGLE-3 drafts; use LLAMACPP_VERSION=0.3.36 or newer" >&2; exit 1; }
+# CPU flags: -march=native, except where the CPU reports AMX (Xeon Sapphire Rapids and later):
+# there ggml's AMX kernels die with "Illegal instruction" on q8_0 models when the (virtual) machine
+# does not enable AMX state (seen here: llama-speculative-simple with a q8_0 target), so build for
+# AVX2/AVX-512 without AMX. NATIVE=ON / NATIVE=OFF forces one or the other.
+NATIVE=${NATIVE:-auto}
+if [[ $NATIVE == auto ]]; then
+  if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then NATIVE=OFF; else NATIVE=ON; fi
+fi
+CPU_FLAGS=(-DGGML_NATIVE=ON)
+if [[ $NATIVE == OFF ]]; then
+  CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+  if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+    CPU_FLAGS+=(-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+  fi
+fi
 if [[ ! -f $SRC/build/build.ninja ]]; then
-  nice -n "$NICE" cmake -S "$SRC" -B "$SRC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  nice -n "$NICE" cmake -S "$SRC" -B "$SRC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${CPU_FLAGS[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF >&2
 fi
 nice -n "$NICE" ninja -C "$SRC/build" -j "$JOBS" "${TOOLS[@]}" >&2
