@@ -27,6 +27,7 @@ COMMANDS = [
     ("train", "train", "train"),
     ("eval", "evaluate", "evaluate"),
     ("push", "push", "push"),
+    ("export-gguf", "export_gguf", "export_gguf"),
     ("layers", "layers", "layers"),
     ("inspect", "inspect_cmd", "inspect"),
     ("convert", "convert", "convert"),

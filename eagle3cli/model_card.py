@@ -33,6 +33,14 @@ def vllm_command(target: str, draft: str) -> str:
     return f"vllm serve {target} --speculative-config '{spec}'"
 
 
+def llamacpp_command(repo: str, gguf_files=()) -> str:
+    """llama-server with the draft as a GGUF (the repo's draft-TYPE.gguf, or one made by eagle3 export-gguf)."""
+    name = sorted(gguf_files)[0] if gguf_files else "draft-f32.gguf"
+    get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
+           f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --target TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
+    return (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max 3")
+
+
 # ---------------------------------------------------------------- eval results (eagle3 eval's results.json)
 
 def load_results(path: str | Path) -> dict:
@@ -45,7 +53,8 @@ def load_results(path: str | Path) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"eval results {p}: not valid JSON ({e})") from None
     tasks = res.get("tasks") if isinstance(res, dict) else None
-    if not isinstance(tasks, dict) or not tasks:
+    engine_tasks = ((res.get("engine") or {}).get("tasks") if isinstance(res, dict) else None) or {}
+    if not isinstance(tasks, dict) or not (tasks or engine_tasks):
         raise ValueError(f"eval results {p}: no 'tasks' (expected the results.json written by `eagle3 eval`)")
     for name, t in tasks.items():
         # tau is null when a task produced no decode steps; the card then shows a dash
@@ -105,6 +114,23 @@ def eval_rows(results: list[dict]) -> list[dict]:
                 "lossless": _lossless(t, sampled),
                 "hardware": hardware,
                 "settings": settings,
+            })
+        eng = res.get("engine") or {}
+        for task, t in (eng.get("tasks") or {}).items():  # the same draft measured in a serving engine
+            tps = t.get("tokens_per_s") or {}
+            es = eng.get("settings") or {}
+            rows.append({
+                "task": f"{task} ({eng.get('name', 'engine')})",
+                "num_prompts": t.get("num_prompts", "—"),
+                "tau": _num(t.get("tau"), ".2f"),
+                "speedup": _num(t.get("speedup"), ".2f") + ("×" if isinstance(t.get("speedup"), (int, float)) else ""),
+                "tokens_per_s": f"{_num(tps.get('baseline'), '.1f')} → {_num(tps.get('speculative'), '.1f')}",
+                "n_alpha": "—",
+                "lossless": "yes" if t.get("lossless") is True else
+                            (f"no ({len(t.get('mismatches') or [])} prompts differ)" if t.get("lossless") is False else "—"),
+                "hardware": hardware,
+                "settings": f"{eng.get('name', 'engine')} {es.get('spec_type', '')}, chain {es.get('spec_draft_n_max')}, "
+                            f"threads {es.get('threads') or 'default'}",
             })
     return rows
 
@@ -187,7 +213,7 @@ def template_text(name: str = TEMPLATE) -> str:
 
 
 def render_card(config: dict, repo_id: str, target: str | None, results: list[dict] = (),
-                license: str | None = None):
+                license: str | None = None, gguf_files=()):
     """The ModelCard (huggingface_hub) for a draft published as ``repo_id``."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -209,6 +235,7 @@ def render_card(config: dict, repo_id: str, target: str | None, results: list[di
         facts=facts(config, target),
         sglang_command=sglang_command(target or "TARGET", repo_id),
         vllm_command=vllm_command(target or "TARGET", repo_id),
+        llamacpp_command=llamacpp_command(repo_id, gguf_files),
         eval_rows=eval_rows(list(results)),
         training=training_rows(meta),
     )

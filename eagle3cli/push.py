@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +33,7 @@ from .export import CONFIG, METADATA_KEY, WEIGHTS
 TRAINING_FILE = "eagle3_training.json"
 CARD = "README.md"
 UPLOAD_FILES = (CONFIG, WEIGHTS, CARD, TRAINING_FILE)
+GGUF_FILES = "draft-*.gguf"  # with --gguf TYPE: the draft for llama.cpp (gguf_export.py)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 TRIES, WAIT_S = 4, 2.0  # network retries per Hub call: waits 2, 4, 8 s
@@ -166,7 +168,7 @@ def public_config(config: dict, target: str, dataset_ids=()) -> dict:
 
 
 def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_results=(),
-                 license: str | None = None, base_model: str | None = None, dataset_ids=()) -> list[str]:
+                 license: str | None = None, base_model: str | None = None, dataset_ids=(), gguf=None) -> list[str]:
     """Write the upload folder for ``repo_id`` into the (empty or new) ``out_dir``."""
     draft, out = Path(draft_dir), Path(out_dir)
     if not HUB_ID.match(repo_id or ""):
@@ -179,7 +181,8 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
     from .features import write_json
     from .model_card import render_card
 
-    card = render_card(public, repo_id, target, results, license=license)
+    card = render_card(public, repo_id, target, results, license=license,
+                       gguf_files=[f"draft-{t}.gguf" for t in gguf.outtypes] if gguf else ())
     out.mkdir(parents=True, exist_ok=True)
     if public is config:
         shutil.copyfile(draft / CONFIG, out / CONFIG)  # byte for byte: what inspect checked
@@ -188,6 +191,15 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
     _link_or_copy(draft / WEIGHTS, out / WEIGHTS)
     (out / TRAINING_FILE).write_text(json.dumps(public.get(METADATA_KEY) or {}, indent=2) + "\n")
     card.save(out / CARD)
+    if gguf:
+        from .gguf_export import GGUFExportError, export_gguf
+
+        for t in gguf.outtypes:
+            try:
+                export_gguf(draft, out, t, target_dir=gguf.target_dir, target_gguf=gguf.target_gguf,
+                            llama_cpp=gguf.llama_cpp)
+            except GGUFExportError as e:
+                raise PushError(f"--gguf {t}: {e}") from None
     return sorted(p.name for p in out.iterdir())
 
 
@@ -235,7 +247,7 @@ def dry_run_decision(draft_dir: str | Path, out_dir: str | Path) -> str:
     names = {p.name for p in out.iterdir()}
     if not names:
         return f"writing into the empty folder {out_dir}"
-    earlier = (names <= set(UPLOAD_FILES) and CARD in names
+    earlier = ({n for n in names if not fnmatch(n, GGUF_FILES)} <= set(UPLOAD_FILES) and CARD in names
                and _same_engine_config(out / CONFIG, draft / CONFIG)
                and _same_file_content(out / WEIGHTS, draft / WEIGHTS))
     if not earlier:
@@ -245,7 +257,7 @@ def dry_run_decision(draft_dir: str | Path, out_dir: str | Path) -> str:
 
 
 def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, base_model=None,
-            dataset_ids=()) -> PushResult:
+            dataset_ids=(), gguf=None) -> PushResult:
     """Write exactly the folder ``push`` would upload, and upload nothing."""
     note = dry_run_decision(draft_dir, out_dir)
     out = Path(out_dir)
@@ -254,7 +266,7 @@ def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, bas
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to OUT_DIR
     try:
-        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids)
+        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids, gguf)
         if out.exists():
             shutil.rmtree(out)  # checked above: empty or an earlier dry run of this draft
         tmp.replace(out)
@@ -357,7 +369,7 @@ def upload(folder: str | Path, repo_id: str, *, private: bool = False, branch: s
     commit = with_retries("upload", lambda: api.upload_folder(
         repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=branch, create_pr=create_pr,
         commit_message=commit_message or f"Upload EAGLE-3 draft ({', '.join(UPLOAD_FILES)})",
-        allow_patterns=list(UPLOAD_FILES)), **retry)
+        allow_patterns=[*UPLOAD_FILES, GGUF_FILES]), **retry)
     return PushResult(repo_id=repo_id, files=sorted(UPLOAD_FILES), repo_url=str(repo_url),
                       commit_url=getattr(commit, "commit_url", None), pr_url=getattr(commit, "pr_url", None))
 
@@ -382,11 +394,11 @@ def _scratch_parent(draft_dir) -> str | None:
 def push(draft_dir, repo_id: str, *, private: bool = False, branch: str | None = None, create_pr: bool = False,
          token: str | None = None, eval_results=(), commit_message: str | None = None, license: str | None = None,
          base_model: str | None = None, tries: int | None = None, wait_s: float | None = None,
-         dataset_ids=()) -> PushResult:
+         dataset_ids=(), gguf=None) -> PushResult:
     """Build the folder in a temporary directory and upload it."""
     token = require_token(token)
     with tempfile.TemporaryDirectory(prefix=".eagle3-push-", dir=_scratch_parent(draft_dir)) as tmp:
-        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids)
+        files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids, gguf)
         res = upload(tmp, repo_id, private=private, branch=branch, create_pr=create_pr, token=token,
                      commit_message=commit_message, tries=tries, wait_s=wait_s)
     res.files = files

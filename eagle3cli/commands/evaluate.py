@@ -52,8 +52,35 @@ def evaluate(
     load_in_4bit: bool = Load4,
     adapter: Optional[str] = Adapter,
     trust_remote_code: bool = TrustRemoteCode,
+    engine: str = typer.Option("eagle3", "--engine", help="eagle3 (our generator) or llama.cpp: also measure the "
+                               "draft in llama-server (chain of --steps, greedy), beside our numbers."),
+    engine_only: bool = typer.Option(False, "--engine-only", help="With --engine llama.cpp: skip our generator."),
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR",
+                                             help="Where llama-server is (or a llama.cpp tree with build/bin); "
+                                                  "default: $EAGLE3_LLAMA_CPP, then PATH."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", metavar="FILE",
+                                               help="The target as GGUF (default: converted from --model into OUT/gguf)."),
+    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", metavar="FILE",
+                                              help="The draft as GGUF (default: exported into OUT/gguf)."),
+    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="llama.cpp -t (default: its own)."),
+    engine_p_min: float = typer.Option(0.0, "--engine-p-min",
+                                       help="llama.cpp --spec-draft-p-min (0: always draft --steps tokens, as chain mode)."),
 ):
     """Speculative vs plain decoding on the same prompts: tau, n-alpha, tokens/s, speedup, lossless check."""
+    if engine not in ("eagle3", "llama.cpp"):
+        fail(f"--engine must be eagle3 or llama.cpp, got {engine!r}")
+    if engine_only and engine == "eagle3":
+        fail("--engine-only needs --engine llama.cpp")
+    server_bin = None
+    if engine == "llama.cpp":
+        if temperature != 0:
+            fail("--engine llama.cpp measures greedy decoding: drop --temperature")
+        from ..llamacpp import LlamaCppError, find_binary
+
+        try:
+            server_bin = find_binary(llama_cpp=llama_cpp)
+        except LlamaCppError as e:
+            fail(str(e))
     if mode not in ("tree", "chain"):
         fail(f"--mode must be tree or chain, got {mode!r}")
     if baseline not in (None, "prompt-lookup"):
@@ -90,6 +117,14 @@ def evaluate(
     from ..target import load_config, load_target, load_tokenizer
 
     spec = target_spec(model, revision, dtype, device, load_in_8bit, load_in_4bit, adapter, trust_remote_code)
+    if engine_only:
+        from ..evaluate import hardware
+
+        results = {"hardware": hardware(), "settings": {"mode": "chain", "steps": steps, "temperature": temperature,
+                                                        "max_new_tokens": max_new_tokens}, "tasks": {}, "per_category": []}
+        return _finish(results, model, draft, out, _run_engine(spec, draft, task, data, limit, out, max_new_tokens,
+                                                               steps, server_bin, llama_cpp, target_gguf, draft_gguf,
+                                                               engine_threads, engine_p_min, temperature))
     cfg = EvalConfig(tasks=list(task), data=data, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_p=top_p, sampling_top_k=sampling_top_k, mode=mode,
                      total_tokens=total, depth=depth, top_k=top_k, steps=steps, tree_auto=auto,
@@ -120,8 +155,41 @@ def evaluate(
                                log=lambda m: console.print(m, highlight=False))
     except (EvalError, UnsupportedTarget, FileNotFoundError, ValueError) as e:
         fail(str(e))
+    section = None
+    if server_bin is not None:
+        section = _run_engine(spec, draft, task, data, limit, out, max_new_tokens, steps, server_bin, llama_cpp,
+                              target_gguf, draft_gguf, engine_threads, engine_p_min, temperature)
+    _finish(results, model, draft, out, section)
+
+
+def _run_engine(spec, draft, tasks, data, limit, out, max_new_tokens, steps, server_bin, llama_cpp, target_gguf,
+                draft_gguf, threads, p_min, temperature) -> dict:
+    """The draft in llama-server (eagle3cli/llamacpp.py): the results' ``engine`` section."""
+    from ..evaluate import EvalError, load_task
+    from ..llamacpp import LlamaCppError, engine_files, run
+    from ..target import load_tokenizer
+
+    import signal
+    import sys
+
+    say = lambda m: console.print(m, highlight=False)  # noqa: E731
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
+    try:
+        loaded = [load_task(t, data, limit) for t in tasks]
+        tg, dg = engine_files(draft, spec.model, Path(out) / "gguf", target_gguf, draft_gguf, llama_cpp, log=say)
+        return run(loaded, load_tokenizer(spec), server_bin, tg, dg, n_max=steps, p_min=p_min,
+                   max_new_tokens=max_new_tokens, threads=threads, log_dir=Path(out), log=say)
+    except (LlamaCppError, EvalError) as e:
+        fail(str(e))
+
+
+def _finish(results, model, draft, out, section):
+    from ..evaluate import write_results
+
     results["target"] = model
     results["draft"] = str(draft)
+    if section is not None:
+        results["engine"] = section
     js, png = write_results(results, out)
     show(results)
     console.print(f"wrote {js}" + (f" and {png}" if png else ""))
@@ -137,6 +205,12 @@ def show(results: dict):
     from ..evaluate import fmt
 
     out = report_console()
+    if results.get("engine"):
+        from ..llamacpp import engine_table
+
+        out.print(engine_table(results["engine"]))
+    if not results["tasks"]:
+        return
     s = results["settings"]
     shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
     t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")

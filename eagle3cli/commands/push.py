@@ -23,16 +23,31 @@ def push(
     license: Optional[str] = typer.Option(None, "--license", help="Licence id for the card (default: the target's, when recorded)."),
     base_model: Optional[str] = typer.Option(None, "--base-model", metavar="OWNER/NAME", help="The target's Hub id, when training recorded a local folder."),
     dataset_id: List[str] = typer.Option([], "--dataset-id", metavar="OWNER/NAME", help="Hub dataset the draft was trained on (repeatable), when gen-data read a local file."),
+    gguf: List[str] = typer.Option([], "--gguf", metavar="TYPE", help="Also upload draft-TYPE.gguf for llama.cpp: f32, f16, bf16 or q8_0 (repeatable; see `eagle3 export-gguf`)."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", metavar="FILE", help="With --gguf: the target's GGUF (its tokenizer goes into the draft GGUF)."),
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="With --gguf: a llama.cpp tree whose convert_hf_to_gguf.py writes the GGUF (default: $EAGLE3_LLAMA_CPP)."),
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from .. import push as lib
     from ..formats import FormatError, as_ours
+    from ..gguf_export import OUTTYPES, GGUFOptions
 
+    bad = [t for t in gguf if t not in OUTTYPES]
+    if bad:
+        fail(f"--gguf must be one of {', '.join(OUTTYPES)}, got {bad[0]!r}")
+    opts = None
+    if gguf:
+        from ..export import METADATA_KEY, read_config
+
+        recorded = (read_config(draft_dir).get(METADATA_KEY) or {}).get("target") if (draft_dir / "config.json").is_file() else None
+        opts = GGUFOptions(list(gguf), target_dir=recorded if recorded and Path(recorded).is_dir() else None,
+                           target_gguf=str(target_gguf) if target_gguf else None,
+                           llama_cpp=str(llama_cpp) if llama_cpp else None)
     try:
         draft_dir = Path(as_ours(draft_dir, say=lambda m: console.print(m, highlight=False)))  # any format
         if dry_run is not None:
             res = lib.dry_run(draft_dir, dry_run, repo, eval_results, license=license, base_model=base_model,
-                              dataset_ids=dataset_id)
+                              dataset_ids=dataset_id, gguf=opts)
             console.print(f"dry run: {res.note}; nothing uploaded", highlight=False)
             for name in res.files:
                 size = (res.folder / name).stat().st_size
@@ -40,7 +55,7 @@ def push(
             return
         res = lib.push(draft_dir, repo, private=private, branch=branch, create_pr=create_pr, token=token,
                        eval_results=eval_results, commit_message=commit_message, license=license,
-                       base_model=base_model, dataset_ids=dataset_id)
+                       base_model=base_model, dataset_ids=dataset_id, gguf=opts)
     except lib.DraftRejected as e:
         for p in e.problems:
             console.print(f"  - {p}", highlight=False)

@@ -1,0 +1,59 @@
+"""`eagle3 export-gguf`: a draft as a llama.cpp EAGLE-3 GGUF (library: eagle3cli/gguf_export.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .common import console, fail
+
+
+def export_gguf(
+    draft_dir: Path = typer.Argument(..., metavar="DRAFT_DIR", help="The draft directory (config.json + model.safetensors)."),
+    out: Path = typer.Option(Path("gguf"), "--out", "-o", help="Folder for draft-TYPE.gguf (and target-TYPE.gguf)."),
+    outtype: List[str] = typer.Option(["f32"], "--outtype", help="f32, f16, bf16 or q8_0; repeatable."),
+    target: Optional[str] = typer.Option(None, "--target", metavar="DIR",
+                                         help="The target's HF folder (default: the one training recorded, if local)."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", metavar="FILE",
+                                               help="The target's GGUF: its tokenizer goes into the draft GGUF "
+                                                    "(no llama.cpp sources needed)."),
+    with_target: bool = typer.Option(False, "--with-target", help="Also convert the target (needs --llama-cpp)."),
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR",
+                                             help="llama.cpp source tree with convert_hf_to_gguf.py "
+                                                  "(default: $EAGLE3_LLAMA_CPP)."),
+):
+    """Write the draft as a llama.cpp EAGLE-3 GGUF (llama-server -md ... --spec-type draft-eagle3)."""
+    from ..export import METADATA_KEY, read_config
+    from ..gguf_export import GGUFExportError, export_gguf as run
+    from ..inspector import inspect_draft
+
+    rep = inspect_draft(draft_dir)
+    if not rep.ok:
+        for p in rep.problems:
+            console.print(f"  - {p}", highlight=False)
+        fail(f"{draft_dir}: {len(rep.problems)} problem(s) found by `eagle3 inspect`; not exporting")
+    if target is None:
+        recorded = (read_config(draft_dir).get(METADATA_KEY) or {}).get("target")
+        if recorded and Path(recorded).is_dir():
+            target = recorded
+    if target is None and target_gguf is None:
+        fail("pass --target DIR (the target's HF folder, with --llama-cpp DIR) or --target-gguf FILE")
+    written = {}
+    try:
+        for t in outtype:
+            files, warnings = run(draft_dir, out, t, target_dir=target, target_gguf=target_gguf,
+                                  with_target=with_target, llama_cpp=llama_cpp,
+                                  log=lambda m: console.print(m, highlight=False))
+            for w in warnings:
+                console.print(f"[yellow]converter warning:[/] {w}", highlight=False)
+            written[t] = files
+    except GGUFExportError as e:
+        fail(str(e))
+    for t, files in written.items():
+        for kind, path in files.items():
+            typer.echo(f"{kind}\t{t}\t{path}")
+    t = outtype[0]
+    tg = written[t].get("target") or target_gguf or f"TARGET-{t}.gguf"
+    typer.echo(f"serve: llama-server -m {tg} -md {written[t]['draft']} --spec-type draft-eagle3 --spec-draft-n-max 3")

@@ -1,0 +1,300 @@
+"""llama.cpp: the EAGLE-3 GGUF export and `eagle3 eval --engine llama.cpp` (against a fake llama-server).
+
+Nothing here builds llama.cpp. The converter comparison runs only where $EAGLE3_LLAMA_CPP names
+a llama.cpp source tree (benchmarks/build_llamacpp.sh prints one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle3cli.cli import app
+
+gguf = pytest.importorskip("gguf")
+
+from test_evaluate import make_draft as make_eval_draft  # noqa: E402
+from test_realmodels import CHAT, write_tiny_gguf  # noqa: E402
+
+runner = CliRunner()
+FAKE = Path(__file__).with_name("fake_llama_server.py")
+
+# the tiny target of write_tiny_gguf: 2 layers, hidden 32, 4 heads (2 KV), 262 tokens
+H, NH, NKV, HD, V, DV = 32, 4, 2, 8, 262, 64
+
+
+def tiny_draft(path: Path, seed=0) -> Path:
+    from eagle3cli.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.export import save_draft
+
+    cfg = DraftConfig(hidden_size=H, intermediate_size=64, num_attention_heads=NH, num_key_value_heads=NKV,
+                      head_dim=HD, rms_norm_eps=1e-5, vocab_size=V, draft_vocab_size=DV, target_hidden_size=H,
+                      max_position_embeddings=256, aux_layer_ids=(0, 1, 2),
+                      rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+    d = Eagle3Draft(cfg)
+    d.init_weights(seed=seed)
+    d.set_vocab(torch.arange(0, V, 4)[:DV])
+    return save_draft(d, path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def target_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("tgt") / "target.gguf")
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    return tiny_draft(tmp_path_factory.mktemp("draft") / "draft")
+
+
+EXPECTED_TENSORS = {
+    "fc.weight": (3 * H, H), "blk.0.attn_norm.weight": (H,), "blk.0.attn_norm_2.weight": (H,),
+    "blk.0.ffn_norm.weight": (H,), "blk.0.attn_q.weight": (2 * H, NH * HD), "blk.0.attn_k.weight": (2 * H, NKV * HD),
+    "blk.0.attn_v.weight": (2 * H, NKV * HD), "blk.0.attn_output.weight": (NH * HD, H),
+    "blk.0.ffn_gate.weight": (H, 64), "blk.0.ffn_up.weight": (H, 64), "blk.0.ffn_down.weight": (64, H),
+    "output_norm.weight": (H,), "output.weight": (H, DV), "d2t": (DV,),
+}  # shapes as ggml's ne (reversed from torch)
+
+
+@pytest.mark.parametrize("outtype,matrix_type", [("f32", "F32"), ("f16", "F16"), ("q8_0", "Q8_0")])
+def test_draft_gguf_keys_and_tensors(draft_dir, target_gguf, tmp_path, outtype, matrix_type):
+    from eagle3cli.export import read_tensors
+    from eagle3cli.gguf_export import _permute, read_gguf_summary, write_draft_gguf
+
+    out = write_draft_gguf(draft_dir, target_gguf, tmp_path / f"d-{outtype}.gguf", outtype)
+    got = read_gguf_summary(out)
+    k = got["keys"]
+    assert k["general.architecture"] == "eagle3"
+    assert k["eagle3.target_layers"] == [0, 1, 2]  # "input of decoder layer j": our ids unchanged
+    assert k["eagle3.target_hidden_size"] == H and k["eagle3.block_count"] == 1
+    assert (k["eagle3.embedding_length"], k["eagle3.feed_forward_length"]) == (H, 64)
+    assert (k["eagle3.attention.head_count"], k["eagle3.attention.head_count_kv"]) == (NH, NKV)
+    assert (k["eagle3.attention.key_length"], k["eagle3.rope.dimension_count"]) == (HD, HD)
+    assert k["eagle3.rope.freq_base"] == 100000.0 and k["eagle3.vocab_size"] == V
+    assert k["eagle3.norm_before_residual"] is False and k["eagle3.norm_before_fc"] is False
+    assert k["general.file_type"] == {"f32": 0, "f16": 1, "q8_0": 7}[outtype]
+    assert not any(name.startswith("rope") or "scaling" in name for name in k)  # plain RoPE: no scaling keys
+    tgt = read_gguf_summary(target_gguf)["keys"]
+    tok_keys = sorted(n for n in tgt if n.startswith("tokenizer."))
+    assert sorted(n for n in k if n.startswith("tokenizer.")) == tok_keys and len(tok_keys) >= 8
+    assert all(k[n] == tgt[n] for n in tok_keys) and k["tokenizer.chat_template"] == CHAT
+
+    assert {n: shape for n, (_, shape) in got["tensors"].items()} == EXPECTED_TENSORS
+    types = {n: t for n, (t, _) in got["tensors"].items()}
+    assert types["d2t"] == "I64"
+    assert {types[n] for n in EXPECTED_TENSORS if n.endswith("norm.weight") or "_norm" in n} == {"F32"}
+    assert {types[n] for n in ("fc.weight", "blk.0.attn_q.weight", "output.weight", "blk.0.ffn_down.weight")} \
+        == {matrix_type}
+
+    ours = read_tensors(draft_dir)
+    r = gguf.GGUFReader(str(out))
+    t = {x.name: np.array(x.data) for x in r.tensors}
+    ids = torch.arange(0, V, 4)[:DV].numpy()
+    assert np.array_equal(t["d2t"], ids)  # absolute target ids, not our offsets
+    if outtype == "f32":
+        assert np.array_equal(t["blk.0.attn_q.weight"], _permute(ours["midlayer.self_attn.q_proj.weight"], NH).numpy())
+        assert np.array_equal(t["blk.0.attn_k.weight"], _permute(ours["midlayer.self_attn.k_proj.weight"], NKV).numpy())
+        assert np.array_equal(t["blk.0.attn_v.weight"], ours["midlayer.self_attn.v_proj.weight"].numpy())
+        assert np.array_equal(t["output.weight"], ours["lm_head.weight"].numpy())
+
+
+def test_permute_matches_rotate_half_to_interleaved():
+    from eagle3cli.gguf_export import _permute
+
+    # one head of dim 4: HF rows (x0, x1 | y0, y1) pair x_i with y_i; llama.cpp wants x0 y0 x1 y1
+    w = torch.tensor([[0.0], [1.0], [10.0], [11.0]])
+    assert _permute(w, 1).flatten().tolist() == [0.0, 10.0, 1.0, 11.0]
+
+
+def test_export_gguf_cli(draft_dir, target_gguf, tmp_path, monkeypatch):
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    r = runner.invoke(app, ["export-gguf", str(draft_dir), "--target-gguf", str(target_gguf), "-o", str(tmp_path),
+                            "--outtype", "f32", "--outtype", "q8_0"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft-f32.gguf", "draft-q8_0.gguf"]
+    assert f"llama-server -m {target_gguf} -md {tmp_path / 'draft-f32.gguf'} --spec-type draft-eagle3" in r.output
+    # no converter and no target GGUF: one line that says what to pass
+    r = runner.invoke(app, ["export-gguf", str(draft_dir), "--target", str(tmp_path), "-o", str(tmp_path / "x"),
+                            "--llama-cpp", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "convert_hf_to_gguf.py not found" in r.output and "build_llamacpp.sh" in r.output
+
+
+def test_target_gguf_of_another_model_is_refused(draft_dir, tmp_path):
+    from eagle3cli.gguf_export import GGUFExportError, write_draft_gguf
+
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in draft_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    (other / "config.json").write_text(json.dumps({**cfg, "vocab_size": 300}))
+    with pytest.raises(GGUFExportError, match="has 262 tokens, the draft's target 300"):
+        write_draft_gguf(other, write_tiny_gguf(tmp_path / "t.gguf"), tmp_path / "o.gguf")
+
+
+@pytest.mark.skipif(not os.environ.get("EAGLE3_LLAMA_CPP"), reason="needs llama.cpp sources ($EAGLE3_LLAMA_CPP)")
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
+    """llama.cpp's own converter (through our shim) and write_draft_gguf give the same file content."""
+    from eagle3cli.gguf_export import convert_target, find_converter, read_gguf_summary, run_converter, write_draft_gguf
+
+    if find_converter() is None:
+        pytest.skip("no convert_hf_to_gguf.py under $EAGLE3_LLAMA_CPP")
+    draft = make_eval_draft(smol_tiny_dir, tmp_path / "draft")
+    target_gguf, warnings = convert_target(smol_tiny_dir, tmp_path / "t.gguf", "f32")
+    assert warnings == []  # in particular no "Unknown RoPE type: default"
+    conv, warnings = run_converter(draft, tmp_path / "c.gguf", outtype, target_dir=smol_tiny_dir)
+    assert warnings == []
+    ours = write_draft_gguf(draft, target_gguf, tmp_path / "n.gguf", outtype)
+    a, b = read_gguf_summary(conv), read_gguf_summary(ours)
+    assert a["tensors"] == b["tensors"]
+    skip = {"general.name", "general.size_label"}
+    assert {k: v for k, v in a["keys"].items() if k not in skip} == {k: v for k, v in b["keys"].items() if k not in skip}
+    ra, rb = gguf.GGUFReader(str(conv)), gguf.GGUFReader(str(ours))
+    for x, y in zip(sorted(ra.tensors, key=lambda t: t.name), sorted(rb.tensors, key=lambda t: t.name)):
+        assert np.array_equal(np.array(x.data), np.array(y.data)), x.name
+
+
+# ---------------------------------------------------------------- eval --engine llama.cpp (fake server)
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    d = tmp_path / "llama-bin"
+    d.mkdir()
+    exe = d / "llama-server"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    return d
+
+
+@pytest.fixture
+def engine_case(smol_tiny_dir, tmp_path):
+    turns = tmp_path / "mini.jsonl"
+    turns.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
+        {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
+    ]) + "\n")
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    return smol_tiny_dir, make_eval_draft(smol_tiny_dir, tmp_path / "draft"), turns
+
+
+def _engine_args(target, draft, turns, out, fake_bin, *more):
+    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
+            "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3", "--engine", "llama.cpp",
+            "--llama-cpp", str(fake_bin), "--target-gguf", str(out.parent / "t.gguf"),
+            "--draft-gguf", str(out.parent / "d.gguf"), "--engine-threads", "2", *more]
+
+
+def test_eval_engine_llamacpp_reads_the_servers_counts(engine_case, fake_bin, tmp_path):
+    target, draft, turns = engine_case
+    out = tmp_path / "out"
+    r = runner.invoke(app, _engine_args(target, draft, turns, out, fake_bin))
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["tasks"]["mini"]["num_prompts"] == 2  # our own generator ran too
+    e = res["engine"]
+    assert e["name"] == "llama.cpp" and e["settings"]["spec_draft_n_max"] == 3
+    t = e["tasks"]["mini"]
+    # 3 answers (2 + 1 turns) of 10 tokens; each: 4 accepted, 5 target steps of 3 drafts
+    assert (t["answers"], t["accepted"], t["drafted"], t["decode_steps"]) == (3, 12, 45, 15)
+    assert t["verify_steps"] == 15  # /metrics deltas: the warm-up answer is not counted
+    assert t["tau"] == pytest.approx(27 / 15) and t["tau_metrics"] == pytest.approx(1 + 12 / 15)
+    assert t["acceptance_rate"] == pytest.approx(12 / 45)
+    assert t["tokens_per_s"] == {"baseline": pytest.approx(50.0), "speculative": pytest.approx(100.0)}
+    assert t["speedup"] == pytest.approx(2.0) and t["lossless"] is True and t["mismatches"] == []
+    assert e["metrics"]["spec_decode_num_accepted_tokens_total"] == 12
+    starts = [json.loads(ln) for ln in (tmp_path / "args.jsonl").read_text().splitlines()]
+    assert len(starts) == 2 and "-md" not in starts[0]
+    spec = starts[1]
+    assert spec[spec.index("-md") + 1] == str(tmp_path / "d.gguf")
+    assert spec[spec.index("--spec-type") + 1] == "draft-eagle3" and spec[spec.index("--spec-draft-n-max") + 1] == "3"
+    assert spec[spec.index("-t") + 1] == "2" and spec[spec.index("--spec-draft-p-min") + 1] == "0.0"
+    assert "llama.cpp: draft-eagle3, chain 3" in r.output and "12/45" in r.output
+
+
+def test_eval_engine_only_and_mismatch(engine_case, fake_bin, tmp_path, monkeypatch):
+    target, draft, turns = engine_case
+    monkeypatch.setenv("FAKE_LLAMA_DIFFER", "1")
+    out = tmp_path / "out"
+    r = runner.invoke(app, _engine_args(target, draft, turns, out, fake_bin, "--engine-only"))
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["tasks"] == {}  # our generator skipped
+    assert res["engine"]["tasks"]["mini"]["lossless"] is False
+    assert res["engine"]["tasks"]["mini"]["mismatches"] == ["1", "2"]
+
+
+def test_eval_engine_errors_are_one_line(engine_case, tmp_path, monkeypatch, fake_bin):
+    target, draft, turns = engine_case
+    monkeypatch.setenv("PATH", "/nonexistent")
+    r = runner.invoke(app, ["eval", "--model", str(target), "--draft", str(draft), "--engine", "llama.cpp",
+                            "--llama-cpp", str(tmp_path / "nowhere")])
+    assert r.exit_code == 1
+    assert "llama-server not found" in r.output and "benchmarks/build_llamacpp.sh" in r.output
+    out = tmp_path / "out"
+    (tmp_path / "d.gguf").unlink()
+    r = runner.invoke(app, _engine_args(target, draft, turns, out, fake_bin, "--engine-only"))
+    assert r.exit_code == 1 and "d.gguf: no such GGUF file" in r.output
+
+
+# ---------------------------------------------------------------- push --gguf and the card
+
+@pytest.fixture(autouse=False)
+def this_checkouts_template(monkeypatch):
+    # An editable install maps eagle3cli.templates to the checkout it was installed from, which
+    # may be another worktree: render the card from the template beside these tests.
+    from eagle3cli import model_card
+
+    here = Path(__file__).resolve().parents[1] / "templates"
+    monkeypatch.setattr(model_card, "template_text", lambda name=model_card.TEMPLATE: (here / name).read_text())
+
+def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, this_checkouts_template):
+    from huggingface_hub import ModelCard
+
+    from eagle3cli.gguf_export import read_gguf_summary
+
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    args = ["push", str(draft_dir), "--repo", "me/tiny-eagle3", "--base-model", "me/tiny", "--dry-run",
+            str(tmp_path / "repo"), "--gguf", "q8_0", "--target-gguf", str(target_gguf)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    repo = tmp_path / "repo"
+    assert sorted(p.name for p in repo.iterdir()) == ["README.md", "config.json", "draft-q8_0.gguf",
+                                                      "eagle3_training.json", "model.safetensors"]
+    assert read_gguf_summary(repo / "draft-q8_0.gguf")["tensors"]["fc.weight"] == ("Q8_0", (3 * H, H))
+    card = ModelCard.load(repo / "README.md").text
+    assert "hf download me/tiny-eagle3 draft-q8_0.gguf --local-dir .\n" \
+           "llama-server -m TARGET.gguf -md draft-q8_0.gguf --spec-type draft-eagle3 --spec-draft-n-max 3" in card
+    r = runner.invoke(app, args)  # an earlier dry run with a GGUF in it is replaced, not refused
+    assert r.exit_code == 0 and "replacing the earlier dry run" in r.output, r.output
+    r = runner.invoke(app, args[:-4] + ["--gguf", "q4"])
+    assert r.exit_code == 1 and "--gguf must be one of f32, f16, bf16, q8_0" in r.output
+
+
+def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
+    from eagle3cli.export import read_config
+    from eagle3cli.model_card import eval_rows, render_card
+
+    res = {"hardware": "CPU", "settings": {"mode": "chain", "steps": 3}, "tasks": {},
+           "engine": {"name": "llama.cpp", "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": 3, "threads": 2},
+                      "tasks": {"mt_bench": {"num_prompts": 20, "tau": 1.4567, "speedup": 0.81, "lossless": True,
+                                             "tokens_per_s": {"baseline": 36.04, "speculative": 29.2}}}}}
+    (row,) = eval_rows([res])
+    assert (row["task"], row["tau"], row["speedup"], row["tokens_per_s"]) == \
+        ("mt_bench (llama.cpp)", "1.46", "0.81×", "36.0 → 29.2")
+    assert row["settings"] == "llama.cpp draft-eagle3, chain 3, threads 2"
+    card = render_card(read_config(draft_dir), "me/x", "me/tiny", [res]).text
+    assert "hf download me/x --local-dir draft && eagle3 export-gguf draft" in card
+    assert "| mt_bench (llama.cpp) | 20 | 1.46 |" in card
