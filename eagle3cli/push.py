@@ -12,7 +12,6 @@ never written to a file or printed (error messages are scrubbed of it).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -206,11 +205,9 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
 # ---------------------------------------------------------------- dry run
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from .features import file_sha256
+
+    return file_sha256(path)
 
 
 def _same_engine_config(a: Path, b: Path) -> bool:
