@@ -200,17 +200,30 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     missing = [n for n in REQUIRED_WEIGHTS if n not in tensors]
     if missing:
         raise ValueError(f"{draft_dir}: missing tensors {missing}; run `eagle3 inspect {draft_dir}`")
+    draft, _ = draft_from_tensors(cfg, tensors, target, dtype, strict=False)
+    return draft.to(device), d
+
+
+def draft_from_tensors(cfg: DraftConfig, tensors: dict, target=None, dtype: torch.dtype | None = torch.float32,
+                       strict: bool = True) -> tuple[Eagle3Draft, str]:
+    """An Eagle3Draft holding ``tensors`` (exported names) in ``dtype`` (None: the stored one).
+
+    Returns (draft, where its frozen embedding came from): "draft" when the file ships one,
+    else "target" (``target``'s input embedding) or "placeholder" (no target given).
+    """
     draft = Eagle3Draft(cfg)
     if dtype is None:
         dtype = tensors["fc.weight"].dtype
     draft.to(dtype)
     state = {k: v for k, v in tensors.items() if k in REQUIRED_WEIGHTS or k in OPTIONAL_WEIGHTS}
+    embed = "draft"
     if "embed_tokens.weight" not in state:
-        if target is not None:
-            state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach()
-        else:
-            state["embed_tokens.weight"] = draft.embed_tokens.weight.detach()
+        embed = "target" if target is not None else "placeholder"
+        source = target.get_input_embeddings() if target is not None else draft.embed_tokens
+        state["embed_tokens.weight"] = source.weight.detach()
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
-    draft.load_state_dict(state, strict=False)
+    if "d2t" in state:
+        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+    draft.load_state_dict(state, strict=strict)
     draft.embed_tokens.weight.requires_grad_(False)
-    return draft.to(device), d
+    return draft, embed

@@ -38,7 +38,7 @@ import torch
 
 from .draft import Eagle3Draft, MidLayer
 from .export import (CONFIG, METADATA_KEY, OPTIONAL_WEIGHTS, REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json,
-                     expected_shapes, exported_state_dict, save_draft)
+                     draft_from_tensors, expected_shapes, exported_state_dict, save_draft)
 from .io_utils import default_file_mode, write_json
 from .layers import default_layer_ids, num_layers
 
@@ -193,25 +193,9 @@ def read_draft(path: str | Path, target_config=None, target=None, dtype: torch.d
     dcfg = draft_config_from_json(cfg)
     _vocab_maps(dcfg, tensors, note)
     _check_shapes(dcfg, tensors, note)
-    draft = Eagle3Draft(dcfg)
-    if dtype is None:
-        dtype = tensors["fc.weight"].dtype
-    draft.to(dtype)
-    state = {k: v for k, v in tensors.items() if k in REQUIRED_WEIGHTS or k in OPTIONAL_WEIGHTS}
-    if "embed_tokens.weight" not in state:
-        if target is not None:
-            state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach()
-            note.embed = "target"
-        else:
-            state["embed_tokens.weight"] = draft.embed_tokens.weight.detach()
-            note.embed = "placeholder"
-    elif target is not None and dcfg.hidden_size == dcfg.target_hidden_size:
-        note.embed = "draft"
-    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
-    state["d2t"] = state["d2t"].long()
-    state["t2d"] = state["t2d"].bool()
-    draft.load_state_dict(state, strict=True)
-    draft.embed_tokens.weight.requires_grad_(False)
+    draft, embed = draft_from_tensors(dcfg, tensors, target, dtype, strict=True)
+    if embed != "draft" or (target is not None and dcfg.hidden_size == dcfg.target_hidden_size):
+        note.embed = embed
     if note.norm_before_residual:
         use_norm_before_residual(draft)
     return draft.to(device), note
