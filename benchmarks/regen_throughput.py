@@ -22,7 +22,7 @@ import time
 import torch
 
 from eagle3cli.chat_mask import end_of_turn_ids, render
-from eagle3cli.regenerate import GenSettings, generate_batch, prompt_turns
+from eagle3cli.regenerate import GenSettings, generate_batch, left_padded, prompt_turns
 from eagle3cli.sources import load_conversations
 from eagle3cli.target import TargetSpec, load_target, load_tokenizer
 
@@ -46,12 +46,8 @@ def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float
 
 def hf_generate_batch(model, prompts, settings, stops, pad_id):
     """The previous gen-data loop: HF generate on the left-padded batch, cut at the stop."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        attn[r, width - len(p):] = 1
+    ids, attn = left_padded(prompts, pad_id)
+    width = ids.shape[1]
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=settings.max_new_tokens,
                              eos_token_id=sorted(stops), pad_token_id=pad_id, do_sample=False, temperature=None,

@@ -307,6 +307,11 @@ def hardware() -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """Index of the first token where two outputs differ (the shorter length if one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[object | None, str | None]:
     """(FastTarget or None, why not) for this run: --fast auto uses it where it applies.
 
@@ -462,9 +467,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                         st.seconds["prompt_lookup"] += tp
                 if bf is not None and bf != b:  # the fast forward must decode what the HF forward decodes
                     log(f"note: {task} prompt {pid}: plain decoding on the fast path differs from HF generate "
-                        f"at token {next((i for i, (x, y) in enumerate(zip(bf, b)) if x != y), min(len(b), len(bf)))}")
+                        f"at token {first_difference(bf, b)}")
                 if cfg.temperature == 0 and s_out.tokens != b:
-                    at = next((i for i, (x, y) in enumerate(zip(s_out.tokens, b)) if x != y), min(len(b), len(s_out.tokens)))
+                    at = first_difference(s_out.tokens, b)
                     log(f"error: LOSSLESS CHECK FAILED: {task} prompt {pid} differs from greedy at token {at}")
                     for st in rows:
                         st.mismatches.append(pid)

@@ -60,14 +60,6 @@ def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[str]]:
 # ---------------------------------------------------------------- local HF generation
 
 
-def _split_at_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
-    """Generated ids up to and including the first stop token; True if the turn ended there."""
-    for i, t in enumerate(tokens):
-        if t in stop_ids:
-            return tokens[:i + 1], True
-    return tokens, False
-
-
 def _next_tokens(logits, settings: GenSettings, gen):
     """Greedy argmax, or a draw from the temperature/top-p distribution (as HF applies them)."""
     import torch
@@ -78,6 +70,19 @@ def _next_tokens(logits, settings: GenSettings, gen):
 
     probs = target_probs(logits, settings.temperature, 0, settings.top_p)
     return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
+def left_padded(prompts: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask) [B, longest]: every prompt ends at the last column."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        attn[r, width - len(p):] = 1
+    return ids, attn
 
 
 def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_ids: set[int],
@@ -94,12 +99,7 @@ def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_
     from .target import model_device
 
     device = model_device(model)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for r, p in enumerate(prompts):  # left padding: every prompt ends at the last column
-        ids[r, width - len(p):] = torch.tensor(p)
-        attn[r, width - len(p):] = 1
+    ids, attn = left_padded(prompts, pad_id)
     ids, attn = ids.to(device), attn.to(device)
     pos = (attn.cumsum(-1) - 1).clamp_(min=0)
     cache = DynamicCache(config=model.config)
@@ -130,7 +130,7 @@ def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_
                     use_cache=True)
 
 
-def answer_message(tokenizer, ids: list[int], ended: bool, stop_ids: set[int]) -> dict:
+def answer_message(tokenizer, ids: list[int], ended: bool) -> dict:
     """The assistant message of one generated answer, with the exact ids the target emitted.
 
     ``token_ids`` (stop token included when the turn ended) is what the sample learns
@@ -155,10 +155,12 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
     """
     import torch
 
+    from .target import model_device
+
     if settings.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {settings.batch_size}")
     template_kwargs = template_kwargs or {}
-    gen = torch.Generator(device=model.device if hasattr(model, "device") else "cpu")
+    gen = torch.Generator(device=model_device(model))
     gen.manual_seed(0 if seed is None else seed)
     stats = RegenStats()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
@@ -195,7 +197,7 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
             for i, (new, ended) in zip(batch, outs):
                 stats.answers += 1
                 stats.generated_tokens += len(new)
-                state[i][0].append(answer_message(tokenizer, new, ended, stop_ids))
+                state[i][0].append(answer_message(tokenizer, new, ended))
                 if not ended:
                     stats.cut += 1
                     stats.dropped_turns += len(state[i][1]) - turn - 1
