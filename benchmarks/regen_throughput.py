@@ -1,17 +1,19 @@
-"""How fast `eagle3 gen-data` regenerates answers locally, against HF generate and the hardware.
+"""How fast `eagle3 gen-data` regenerates answers locally, against the static-batch loop and the hardware.
 
     python benchmarks/regen_throughput.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \
-        --data ~/.cache/eagle3/data/sharegpt_v3.jsonl --conversations 32 --batch-size 32 \
+        --data ~/.cache/eagle3/data/sharegpt_v3.jsonl --conversations 128 --batch-size 32 \
         --max-new-tokens 128 --max-length 512 --threads 2
 
-The first user turn of each of the first N conversations, rendered with the chat template,
-sorted by length and batched as gen-data batches them, is answered twice in one process on
-the same weights: by ``regenerate.generate_batch`` (what gen-data runs: finished rows leave
-the batch) and by HF ``generate`` on the same batches (what gen-data ran before). Both are
-greedy, so their answers are compared too. Generated tokens/s include the prefill, as
-gen-data pays it. The bound is one batched decode step (``batch`` rows of one new token after
-a prefix of the batch's mean prompt length): what generation would cost if every step were
-full and prefill were free.
+The first N conversations are regenerated whole (every user turn, as gen-data does) twice in
+one process on the same weights: by continuous batching (``batch_decode``, what gen-data runs
+for Llama/Mistral/Qwen targets: ``batch-size`` conversations in flight, a finished one
+replaced at once, a conversation's next turn prefilled onto what its slot holds) and by the
+static-batch loop (``regenerate.generate_batch``: turn by turn, left-padded batches, finished
+rows leave the batch). Both are greedy, so their answers are compared too. Generated tokens/s
+include every prefill, as gen-data pays it. The bound is one full decode step (``batch`` rows
+of one new token after a prefix of the mean first-prompt length) on the same slotted cache:
+what generation would cost if every step were full and prefills were free. ``--static-only``
+and ``--skip-static`` run one side.
 """
 
 from __future__ import annotations
@@ -21,10 +23,25 @@ import time
 
 import torch
 
+from eagle3cli.batch_decode import SlotTarget
 from eagle3cli.chat_mask import end_of_turn_ids, render
-from eagle3cli.regenerate import GenSettings, generate_batch, left_padded, prompt_turns
+from eagle3cli.regenerate import GenSettings, prompt_turns, regenerate_local
 from eagle3cli.sources import load_conversations
 from eagle3cli.target import TargetSpec, load_target, load_tokenizer
+
+
+def slot_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float:
+    """Tokens/s of one decode step of ``batch`` slots after ``prefix`` cached tokens each."""
+    target = SlotTarget(model, batch, prefix + 1)
+    for s in range(batch):
+        target.prefill(s, torch.randint(100, 1000, (prefix,)).tolist(), 0)
+    tokens, lengths = torch.randint(100, 1000, (batch,)), torch.full((batch,), prefix)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        target.decode(tokens, lengths)
+        ts.append(time.perf_counter() - t0)
+    return batch / sorted(ts)[len(ts) // 2]
 
 
 def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float:
@@ -44,71 +61,57 @@ def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float
     return batch / sorted(ts)[len(ts) // 2]
 
 
-def hf_generate_batch(model, prompts, settings, stops, pad_id):
-    """The previous gen-data loop: HF generate on the left-padded batch, cut at the stop."""
-    ids, attn = left_padded(prompts, pad_id)
-    width = ids.shape[1]
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=settings.max_new_tokens,
-                             eos_token_id=sorted(stops), pad_token_id=pad_id, do_sample=False, temperature=None,
-                             top_p=None, top_k=None)
-    res = []
-    for r in range(len(prompts)):
-        new = out[r, width:].tolist()
-        cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
-        res.append(new[:cut])
-    return res
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--data", required=True)
-    ap.add_argument("--conversations", type=int, default=32)
+    ap.add_argument("--conversations", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--skip-static", action="store_true", help="only continuous batching")
+    ap.add_argument("--static-only", action="store_true", help="only the static-batch loop")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = TargetSpec(args.model)
     model, tok = load_target(spec), load_tokenizer(spec)
     convs, _ = load_conversations(args.data, max_samples=args.conversations, need_answers=False)
-    prompts = []
-    for c in convs:
-        system, users = prompt_turns(c.messages)
-        ids = tok(render(tok, system + [{"role": "user", "content": users[0]}], add_generation_prompt=True),
-                  add_special_tokens=False)["input_ids"]
-        if len(ids) < args.max_length:
-            prompts.append(ids)
-    prompts.sort(key=len)
-    settings = GenSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    msgs = [c.messages for c in convs]
+    firsts = []
+    for m in msgs:
+        system, users = prompt_turns(m)
+        if users:
+            firsts.append(len(tok(render(tok, system + [{"role": "user", "content": users[0]}],
+                                         add_generation_prompt=True), add_special_tokens=False)["input_ids"]))
+    settings = GenSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_length=args.max_length)
     stops = end_of_turn_ids(tok) | {tok.eos_token_id}
-    batches = [prompts[b:b + args.batch_size] for b in range(0, len(prompts), args.batch_size)]
+    sides = [("continuous", True), ("static", False)]
+    if args.skip_static:
+        sides = sides[:1]
+    if args.static_only:
+        sides = sides[1:]
     rates, answers = {}, {}
-    for name in ("generate_batch", "hf_generate"):
-        t0, c0, n, outs = time.perf_counter(), time.process_time(), 0, []
-        for batch in batches:
-            if name == "generate_batch":
-                got = [ids for ids, _ in generate_batch(model, batch, settings, stops, tok.pad_token_id)]
-            else:
-                got = hf_generate_batch(model, batch, settings, stops, tok.pad_token_id)
-            n += sum(len(g) for g in got)
-            outs += got
-        rates[name] = (n, time.perf_counter() - t0, time.process_time() - c0)
-        answers[name] = outs
-    bound = decode_step_bound(model, min(args.batch_size, len(prompts)),
-                              int(sum(map(len, prompts)) / max(1, len(prompts))))
-    same = sum(a == b for a, b in zip(answers["generate_batch"], answers["hf_generate"]))
-    print(f"{len(prompts)} first-turn prompts (mean {sum(map(len, prompts)) / len(prompts):.0f} tokens), "
-          f"batch {args.batch_size}, max_new_tokens {args.max_new_tokens}, {torch.get_num_threads()} threads")
-    for name, (n, wall, cpu) in rates.items():
-        print(f"{name:>15}: {n} tokens in {wall:.1f} s wall ({cpu:.1f} s CPU): {n / wall:.1f} tokens/s, "
-              f"{n / bound / wall:.2f} of the bound")
-    g, h = rates["generate_batch"], rates["hf_generate"]
-    print(f"bound (one full batch decode step): {bound:.1f} tokens/s; generate_batch / hf_generate: "
-          f"{(g[0] / g[1]) / (h[0] / h[1]):.2f}x; identical answers: {same}/{len(prompts)}")
+    for name, continuous in sides:
+        t0, c0 = time.perf_counter(), time.process_time()
+        answers[name], stats = regenerate_local(model, tok, msgs, settings, stops, continuous=continuous)
+        rates[name] = (stats.generated_tokens, time.perf_counter() - t0, time.process_time() - c0, stats)
+    mean_prompt = int(sum(firsts) / max(1, len(firsts)))
+    with torch.no_grad():
+        bound = slot_step_bound(model, args.batch_size, mean_prompt)
+        hf_bound = decode_step_bound(model, args.batch_size, mean_prompt)
+    print(f"{len(msgs)} conversations (first prompts: mean {mean_prompt} tokens), batch {args.batch_size}, "
+          f"max_new_tokens {args.max_new_tokens}, max_length {args.max_length}, {torch.get_num_threads()} threads")
+    for name, (n, wall, cpu, st) in rates.items():
+        print(f"{name:>11}: {st.answers} answers ({st.cut} cut), {n} tokens in {wall:.1f} s wall ({cpu:.1f} s CPU): "
+              f"{n / wall:.1f} tokens/s, {n / wall / bound:.2f} of the bound")
+    print(f"bound: one full decode step of {args.batch_size} slots after {mean_prompt} tokens: {bound:.1f} tokens/s "
+          f"(HF forward with DynamicCache: {hf_bound:.1f})")
+    if len(rates) == 2:
+        (n1, w1, *_), (n2, w2, *_) = rates["continuous"], rates["static"]
+        same = sum(a == b for a, b in zip(answers["continuous"], answers["static"]))
+        print(f"continuous / static: {(n1 / w1) / (n2 / w2):.2f}x; identical conversations: {same}/{len(msgs)}")
 
 
 if __name__ == "__main__":

@@ -147,14 +147,19 @@ def answer_message(tokenizer, ids: list[int], ended: bool) -> dict:
 
 def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings: GenSettings,
                      stop_ids: set[int], on_batch: Callable[[str], None] | None = None,
-                     template_kwargs: dict | None = None, seed: int | None = None) -> tuple[list[list[dict]], RegenStats]:
-    """Answer every user turn of every conversation with the local target, batched by turn.
+                     template_kwargs: dict | None = None, seed: int | None = None,
+                     continuous: bool = True) -> tuple[list[list[dict]], RegenStats]:
+    """Answer every user turn of every conversation with the local target.
 
+    Targets the fast path supports (``fast_target``) run with continuous batching
+    (``batch_decode``): ``batch_size`` conversations in flight, a finished one replaced at
+    once. Others, or ``continuous=False``, run static batches turn by turn (``generate_batch``).
     An answer cut by max_new_tokens ends its conversation: a later user turn would follow a
     reply the target never finished (the turns left are counted as dropped).
     """
     import torch
 
+    from .fast_target import unsupported_reason
     from .target import model_device
 
     if settings.batch_size < 1:
@@ -162,6 +167,9 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
     template_kwargs = template_kwargs or {}
     gen = torch.Generator(device=model_device(model))
     gen.manual_seed(0 if seed is None else seed)
+    if continuous and unsupported_reason(model) is None:
+        return _regenerate_continuous(model, tokenizer, conversations, settings, stop_ids, on_batch,
+                                      template_kwargs, gen)
     stats = RegenStats()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
     state = []  # per conversation: (context so far, remaining user turns, still open?)
@@ -205,6 +213,63 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
         turn += 1
     results = []
     for ctx, _, _ in state:
+        while ctx and ctx[-1]["role"] != "assistant":  # an unanswered (dropped) prompt
+            ctx.pop()
+        results.append(ctx)
+    return results, stats
+
+
+def _regenerate_continuous(model, tokenizer, conversations, settings: GenSettings, stop_ids, on_batch,
+                           template_kwargs, gen) -> tuple[list[list[dict]], RegenStats]:
+    """regenerate_local on ``batch_decode``: each conversation answers its turns in one slot."""
+    from .batch_decode import ContinuousBatcher, SlotTarget
+
+    stats = RegenStats()
+    convs = []  # per conversation: [context so far, user turns, next turn, still open?]
+    for msgs in conversations:
+        system, users = prompt_turns(msgs)
+        convs.append([list(system), users, 0, True])
+
+    def prompt_ids(ctx):
+        text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def next_prompt(i):
+        ctx, users, turn, open_ = convs[i]
+        if not open_ or turn >= len(users):
+            return None
+        ctx.append({"role": "user", "content": users[turn]})
+        ids = prompt_ids(ctx)
+        if settings.max_length and len(ids) >= settings.max_length:
+            stats.dropped_turns += len(users) - turn
+            convs[i][3] = False
+            return None
+        return ids
+
+    def on_answer(i, ids, ended):
+        ctx, users, turn, _ = convs[i]
+        stats.answers += 1
+        stats.generated_tokens += len(ids)
+        ctx.append(answer_message(tokenizer, ids, ended))
+        convs[i][2] = turn + 1
+        if not ended:
+            stats.cut += 1
+            stats.dropped_turns += len(users) - turn - 1
+            convs[i][3] = False
+
+    # Similar first-prompt lengths in flight together: shorter attention spans per step.
+    # The order is deterministic, so resumed shards run exactly as uninterrupted ones.
+    first = {}
+    for i, (ctx, users, _, _) in enumerate(convs):
+        first[i] = len(prompt_ids(ctx + [{"role": "user", "content": users[0]}])) if users else 0
+    order = sorted(first, key=lambda i: (first[i], i))
+    span = min(max(first.values(), default=1), settings.max_length or 1 << 30) + settings.max_new_tokens
+    target = SlotTarget(model, max(1, min(settings.batch_size, len(order))), span)
+    pick = lambda logits: _next_tokens(logits.float(), settings, gen)  # noqa: E731
+    progress = (lambda done, total: on_batch(f"{done}/{total} conversations")) if on_batch else None
+    ContinuousBatcher(target, settings.max_new_tokens, stop_ids, pick).run(order, next_prompt, on_answer, progress)
+    results = []
+    for ctx, _, _, _ in convs:
         while ctx and ctx[-1]["role"] != "assistant":  # an unanswered (dropped) prompt
             ctx.pop()
         results.append(ctx)

@@ -1,0 +1,134 @@
+"""Continuous batching (batch_decode): the model's own logits per slot, and regeneration equal
+to the static-batch loop token for token."""
+
+import pytest
+import torch
+from tiny import tiny_model
+
+from eagle3cli.batch_decode import SlotTarget, common_prefix
+from eagle3cli.chat_mask import end_of_turn_ids
+from eagle3cli.regenerate import GenSettings, regenerate_local
+from eagle3cli.target import TargetSpec, load_target, load_tokenizer
+
+
+def hf_last_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_slot_target_matches_hf_forward(arch):
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 11, 2)]
+    slots = SlotTarget(model, slots=3, max_len=4)  # too small on purpose: the cache must grow
+    for s, ids in enumerate(seqs):
+        if s == 1:  # a kept prefix, then the rest: as a conversation's next turn is prefilled
+            slots.prefill(s, ids[:6], 0)
+            got = slots.prefill(s, ids[6:], 6)
+        else:
+            got = slots.prefill(s, ids, 0)
+        torch.testing.assert_close(got, hf_last_logits(model, ids), atol=1e-5, rtol=1e-4)
+    for _ in range(3):  # decode steps: every slot at its own position
+        new = torch.randint(0, 256, (3,), generator=g)
+        lengths = torch.tensor([len(x) for x in seqs])
+        got = slots.decode(new, lengths)
+        for s in range(3):
+            seqs[s].append(int(new[s]))
+            torch.testing.assert_close(got[s], hf_last_logits(model, seqs[s]), atol=1e-5, rtol=1e-4)
+    # Compaction: slot 2 moves into slot 0; decoding two slots goes on from the moved entries.
+    slots.move(2, 0, len(seqs[2]))
+    seqs = [seqs[2], seqs[1]]
+    new = torch.tensor([7, 9])
+    got = slots.decode(new, torch.tensor([len(x) for x in seqs]))
+    for s in range(2):
+        torch.testing.assert_close(got[s], hf_last_logits(model, seqs[s] + [int(new[s])]), atol=1e-5, rtol=1e-4)
+
+
+def test_slot_target_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="does not support"):
+        SlotTarget(tiny_model("gemma3_text"), 2, 8)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+CONVS = [
+    [{"role": "user", "content": "Hello there, how are you?"}, {"role": "assistant", "content": "x"},
+     {"role": "user", "content": "Tell me more."}, {"role": "assistant", "content": "y"},
+     {"role": "user", "content": "And a third question."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "Why?"}],
+    [{"role": "user", "content": "Write a poem about the sea and the wind and the long night."}],
+    [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "user", "content": "c"}],
+    [{"role": "user", "content": "Explain speculative decoding in detail please, step by step."},
+     {"role": "user", "content": "Shorter."}],
+]
+
+
+@pytest.fixture(scope="module")
+def smol(smol_tiny_dir):
+    spec = TargetSpec(str(smol_tiny_dir))
+    return load_target(spec), load_tokenizer(spec)
+
+
+def stops_that_fire(model, tok, settings):
+    """End-of-turn ids plus tokens the random model does emit early, so turns end and go on."""
+    base = end_of_turn_ids(tok) | {tok.eos_token_id}
+    first, _ = regenerate_local(model, tok, CONVS, settings, base, continuous=False)
+    emitted = [m["token_ids"] for c in first for m in c if m["role"] == "assistant"]
+    return base | {emitted[0][2], emitted[2][4]}
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 16])
+def test_continuous_regeneration_equals_static_batches(smol, batch_size):
+    """Same answers, same counts: with fewer slots than conversations (refills, compaction) too."""
+    model, tok = smol
+    settings = GenSettings(max_new_tokens=10, batch_size=batch_size, max_length=200)
+    stops = stops_that_fire(model, tok, settings)
+    ref, ref_stats = regenerate_local(model, tok, CONVS, settings, stops, continuous=False)
+    got, stats = regenerate_local(model, tok, CONVS, settings, stops, continuous=True)
+    assert got == ref
+    assert stats == ref_stats
+    assert 0 < stats.cut < stats.answers and stats.answers > len(CONVS)  # turns ended and went on
+
+
+def test_continuous_prefills_only_what_a_slot_lacks(smol, monkeypatch):
+    """A conversation's next turn reuses its slot: only the tokens after the common prefix are run."""
+    model, tok = smol
+    settings = GenSettings(max_new_tokens=10, batch_size=2, max_length=200)
+    stops = stops_that_fire(model, tok, settings)
+    seen = []
+    real = SlotTarget.prefill
+
+    def counting(self, slot, ids, start):
+        seen.append((start, len(ids)))
+        return real(self, slot, ids, start)
+
+    monkeypatch.setattr(SlotTarget, "prefill", counting)
+    got, stats = regenerate_local(model, tok, CONVS, settings, stops)
+    assert len(seen) == stats.answers
+    later = [(start, n) for start, n in seen if start > 0]
+    assert later and all(n < start for start, n in later)  # the kept prefix is the larger part
+
+
+def test_continuous_sampling_is_a_function_of_the_seed(smol):
+    model, tok = smol
+    settings = GenSettings(max_new_tokens=8, batch_size=2, temperature=1.0, top_p=0.9)
+    stops = end_of_turn_ids(tok) | {tok.eos_token_id}
+    a, _ = regenerate_local(model, tok, CONVS, settings, stops, seed=5)
+    b, _ = regenerate_local(model, tok, CONVS, settings, stops, seed=5)
+    c, _ = regenerate_local(model, tok, CONVS, settings, stops, seed=6)
+    assert a == b and a != c
+
+
+def test_batcher_reports_progress_per_conversation(smol):
+    model, tok = smol
+    calls = []
+    settings = GenSettings(max_new_tokens=4, batch_size=2)
+    regenerate_local(model, tok, CONVS, settings, end_of_turn_ids(tok), on_batch=calls.append)
+    assert calls[-1] == f"{len(CONVS)}/{len(CONVS)} conversations"
+    assert calls == sorted(set(calls), key=lambda c: int(c.split("/")[0]))  # increasing, no repeats
