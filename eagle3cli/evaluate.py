@@ -198,6 +198,24 @@ def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repe
     return lat
 
 
+def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
+                        repeats=3) -> dict[int, float]:
+    """``verify_latency`` on the fast path: each size timed with its matmuls packed for it, as
+    the run that follows will be (a packed GEMM's cost depends on the row count it is packed for)."""
+    from .fast_target import FastTarget
+
+    dev, past = ids.device, ids.shape[1]
+    lat = {}
+    for n in sizes:
+        fast = FastTarget(target, min(max_len, past + n), packed_rows=(n,))
+        fast.forward(ids[0], torch.arange(past, device=dev), 0, logits="last")
+        new, pos = ids[0, -1:].repeat(n), torch.arange(past, past + n, device=dev)
+        ts = [timed(lambda: fast.forward(new, pos, past), dev)[1] for _ in range(repeats)]
+        lat[n] = sorted(ts)[len(ts) // 2]
+        del fast
+    return lat
+
+
 def _interp(lat: dict[int, float], n: int) -> float:
     xs = sorted(lat)
     if n <= xs[0]:
@@ -419,8 +437,14 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
                               "max_new_tokens": min(64, cfg.max_new_tokens)})
         calib = [spec(f, big) for f in firsts[:3]]
-        auto = choose_tree(calib, verify_latency(target, first), 64, 8)
+        # The latency curve of the path the run verifies through: the fast path's is flatter.
+        lat = (verify_latency_fast(target, first, fast.max_len) if fast is not None
+               else verify_latency(target, first))
+        auto = choose_tree(calib, lat, 64, 8)
+        auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
+        if fast is not None:  # re-pack the matmuls for the chosen verification size
+            fast, _ = build_fast_target(target, cfg, settings, max_pos)
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 

@@ -109,6 +109,7 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     assert 1 <= auto["total_tokens"] <= 64 and 1 <= auto["depth"] <= 8
     assert (res["settings"]["total_tokens"], res["settings"]["depth"]) == (auto["total_tokens"], auto["depth"])
     assert set(auto["latency_ms"]) == {"1", "2", "4", "8", "12", "16", "24", "32", "48", "64"}
+    assert auto["latency_path"] == res["tasks"]["mini"]["path"] == "fast"  # the curve of the path that runs
     assert res["tasks"]["mini"]["lossless"] is True
 
 

@@ -16,8 +16,9 @@ def quickstart(
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
     samples: int = typer.Option(200, "--samples", help="Training conversations (ShareGPT)."),
     steps: int = typer.Option(120, "--steps", help="Training steps (1024 tokens each, 3 TTT steps)."),
-    regenerate: bool = typer.Option(False, "--regenerate/--no-regenerate",
-                                    help="Have the target answer the prompts (slower, better draft)."),
+    regenerate: bool = typer.Option(True, "--regenerate/--no-regenerate",
+                                    help="Have the target answer the prompts (--no-regenerate: train "
+                                         "on ShareGPT's own answers, faster, weaker draft)."),
     eval_prompts: int = typer.Option(4, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
 ):
