@@ -55,11 +55,22 @@ OPTIONS = {
 }
 
 
+# model_type -> causal-LM class, for a config that does not name its architectures (one built in code).
+CLASS_OF_TYPE = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM", "gemma4_text": "Gemma4ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "phi": "PhiForCausalLM",
+}
+
+
 def architecture(target_config) -> str | None:
-    """The target's model class name (``architectures[0]`` of its config, a dict or a config object)."""
-    archs = target_config.get("architectures") if isinstance(target_config, dict) else \
-        getattr(target_config, "architectures", None)
-    return archs[0] if archs else None
+    """The target's model class name: ``architectures[0]`` of its config (a dict or a config
+    object), else the causal-LM class of its ``model_type``."""
+    get = target_config.get if isinstance(target_config, dict) else lambda k: getattr(target_config, k, None)
+    archs = get("architectures")
+    return archs[0] if archs else CLASS_OF_TYPE.get(get("model_type") or "")
 
 
 def target_support(target_config) -> dict[str, tuple[bool | None, str]]:
