@@ -623,6 +623,10 @@ def inspect_any(path: str | Path, target_config=None):
         rep = inspect_draft(path, target_config)
         if note.norm_before_residual:
             rep.summary.setdefault("engines", {})["sglang"] = False
+        if fmt == "specforge" and (_json(Path(path) / CONFIG)).get("norm_output") is True:
+            rep.problems.append("config: norm_output is true, which SpecForge 0.2.0 writes for a draft whose lm_head "
+                                "reads norm(a) and whose next step is fed a; vLLM and SGLang feed norm(a) "
+                                "(EAGLE-3.1) instead: `eagle3 convert` writes the config they serve as trained")
     rep.summary["format"] = fmt
     rep.summary["read_note"] = note.lines()
     return rep, note

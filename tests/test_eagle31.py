@@ -347,8 +347,11 @@ def test_specforge_norm_output_means_what_specforge_020_means(target, tmp_path):
     r, note = read_draft(out, target_config=target.config, target=target, dtype=torch.float32)
     assert r.config.options() == {"fc_norm": True} and torch.equal(logits(r), logits(d))
     assert any("SpecForge 0.2.0" in x for x in note.inferred)
+    rep, _ = inspect_any(out, target.config)  # as it is, the engines would feed norm(a) forward
+    assert not rep.ok and any("SpecForge 0.2.0" in p for p in rep.problems)
     fixed, _ = convert(out, tmp_path / "fixed", "vllm", target_config=target.config, target=target)
     assert "norm_output" not in json.loads((fixed / "config.json").read_text())
+    assert inspect_any(fixed, target.config)[0].ok
 
 
 # ---- train flags and engine support ---------------------------------------------------------
