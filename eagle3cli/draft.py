@@ -123,7 +123,6 @@ class DraftConfig:
 
 
 OPTION_KEYS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual")
-VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
 
 
 def target_rope_parameters(cfg) -> dict:

@@ -102,6 +102,9 @@ def _check_config(cfg: dict, rep: InspectReport):
     if opts["fc_norm"] and opts["norm_before_fc"]:
         rep.problems.append("config: fc_norm and norm_before_fc are both set: speculators refuses the pair and "
                             "vLLM/SGLang would apply both norms in turn")
+    if cfg.get("use_aux_norm") and not cfg.get("fc_norm"):
+        rep.problems.append("config: use_aux_norm is SGLang's legacy name of fc_norm; vLLM reads only fc_norm "
+                            "(and would skip the norms): set \"fc_norm\": true")
     rep.summary["options"] = {k: v for k, v in opts.items() if v}
     rep.summary["variant"] = "eagle3.1" if opts["fc_norm"] and opts["norm_output"] else "eagle3"
     rep.summary.update(

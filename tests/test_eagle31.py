@@ -276,6 +276,7 @@ def test_sglang_legacy_aux_norm_names_are_read_as_fc_norm(target, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     rep = inspect_draft(out)
     assert any("aux_norm_low.weight" in p and "legacy" in p for p in rep.problems)
+    assert any(p.startswith("config: use_aux_norm is SGLang's legacy name") for p in rep.problems)
     r, note = read_draft(out, target=target, dtype=torch.float32)
     assert r.config.fc_norm and any("aux_norm_high, aux_norm_low, aux_norm_mid read as fc_norm" in x
                                     for x in note.inferred)
