@@ -9,6 +9,13 @@
 The next drafting step feeds ``a`` (not its normed value) where ``g`` was. Parameter names
 match the exported safetensors names exactly (no ``model.`` prefix), so export is a plain
 state_dict filter.
+
+Options the serving engines read from config.json (docs/design.md §3), all off by default:
+
+    fc_norm               g = fc(cat(fc_norm.0(h_low), fc_norm.1(h_mid), fc_norm.2(h_high)))   # EAGLE-3.1
+    norm_output           the output stream is norm(a): fed to the next step, lm_head reads it  # EAGLE-3.1
+    norm_before_fc        g = fc(input_norm(cat(h_low, h_mid, h_high)))    # one norm over 3*Ht
+    norm_before_residual  h = hidden_norm(g) + o_proj(attn(...))           # speculators' variant
 """
 
 from __future__ import annotations
@@ -40,6 +47,25 @@ class DraftConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
+    # Architecture options (docs/design.md §3); the defaults are the EAGLE-3 paper's draft.
+    fc_norm: bool = False  # one RMSNorm per target stream before fc (EAGLE-3.1)
+    norm_output: bool = False  # feed norm(a) to the next step and to lm_head (EAGLE-3.1)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated 3*Ht streams before fc
+    norm_before_residual: bool = False  # the residual around attention is hidden_norm(g)
+
+    def __post_init__(self):
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("fc_norm and norm_before_fc are mutually exclusive (speculators refuses both; "
+                             "choose per-stream norms or one norm over the concatenation)")
+
+    @property
+    def variant(self) -> str:
+        """'eagle3.1' when both EAGLE-3.1 options are on, else 'eagle3' (other options aside)."""
+        return "eagle3.1" if self.fc_norm and self.norm_output else "eagle3"
+
+    def options(self) -> dict[str, bool]:
+        """The architecture options that are on."""
+        return {k: True for k in OPTION_KEYS if getattr(self, k)}
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> "DraftConfig":
@@ -94,6 +120,9 @@ class DraftConfig:
             max_position_embeddings=self.max_position_embeddings,
             rope_parameters=dict(self.rope_parameters),
         )
+
+
+OPTION_KEYS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual")
 
 
 def target_rope_parameters(cfg) -> dict:
@@ -249,11 +278,16 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.norm_before_residual = cfg.norm_before_residual
 
     def attn_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """h + mlp(...); ``residual`` is the un-normed hidden input (normed here with
+        norm_before_residual, as vLLM's and speculators' ``_norm_before_residual``)."""
+        if self.norm_before_residual:
+            residual = self.hidden_norm(residual)
         h = residual + attn_out
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -262,6 +296,10 @@ class Eagle3Draft(nn.Module):
     def __init__(self, cfg: DraftConfig, embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.config = cfg
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3)])
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -312,12 +350,21 @@ class Eagle3Draft(nn.Module):
 
     # ---- pieces shared by inference and training ----------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """3*Ht target streams -> g (H)."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        """3*Ht target streams -> g (H), through input_norm or fc_norm when the options are on."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.config.fc_norm:
+            aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, aux.chunk(3, dim=-1))], dim=-1)
+        return self.fc(aux)
+
+    def output(self, a: torch.Tensor) -> torch.Tensor:
+        """The output stream as the next step and ``logits`` see it: norm(a) with norm_output, else a."""
+        return self.norm(a) if self.config.norm_output else a
 
     def logits(self, a: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab logits from the un-normed output stream."""
-        return self.lm_head(self.norm(a))
+        """Draft-vocab logits from the output stream (``output``): norm is applied exactly once."""
+        return self.lm_head(a if self.config.norm_output else self.norm(a))
 
     # ---- one drafting step with a KV cache (inference) ----------------------------------
     def step(
@@ -328,7 +375,7 @@ class Eagle3Draft(nn.Module):
         cache: KVCache,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run the layer on T new tokens; returns their output stream ``a`` [B,T,H].
+        """Run the layer on T new tokens; returns their output stream ``a`` [B,T,H] (``output``).
 
         ``hidden`` is g (already fused) for verified tokens or the previous step's ``a`` for
         drafted ones. ``attn_mask`` is a bool [B or 1, 1, T, len(cache)+T] "may attend" mask;
@@ -347,7 +394,7 @@ class Eagle3Draft(nn.Module):
             t = input_ids.shape[1]
             attn_mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)
         o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)
-        return layer.finish(attn.out(o), hidden)
+        return self.output(layer.finish(attn.out(o), hidden))
 
     # ---- training forward, single step (the TTT trainer unrolls several) ---------------
     def forward(self, input_ids: torch.Tensor, aux: torch.Tensor, position_ids: torch.Tensor | None = None):

@@ -36,6 +36,19 @@ LAYER_WEIGHTS = [
 ]
 REQUIRED_WEIGHTS = ["fc.weight", *LAYER_WEIGHTS, "norm.weight", "lm_head.weight", "d2t", "t2d"]
 OPTIONAL_WEIGHTS = ["embed_tokens.weight"]
+# The norms the architecture options add (docs/design.md §3): vLLM 0.32.0 and SGLang 0.5.23
+# (models/llama_eagle3.py) load these file names as model.fc_norm.{i}.weight / model.input_norm.weight.
+FC_NORM_WEIGHTS = ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"]
+INPUT_NORM_WEIGHT = "input_norm.weight"
+OPTION_WEIGHTS = [*FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT]
+# SGLang 0.5.23's legacy names for the per-stream norms (its load_weights maps them to fc_norm.{i}).
+LEGACY_FC_NORM = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+
+
+def required_weights(cfg: DraftConfig) -> list[str]:
+    """The tensors a draft with ``cfg``'s options must hold (embed_tokens aside)."""
+    extra = (FC_NORM_WEIGHTS if cfg.fc_norm else []) + ([INPUT_NORM_WEIGHT] if cfg.norm_before_fc else [])
+    return [*REQUIRED_WEIGHTS, *extra]
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -60,13 +73,15 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
         "d2t": (cfg.draft_vocab_size,),
         "t2d": (cfg.vocab_size,),
         "embed_tokens.weight": (cfg.vocab_size, h),
+        **{n: (cfg.target_hidden_size,) for n in FC_NORM_WEIGHTS},
+        INPUT_NORM_WEIGHT: (3 * cfg.target_hidden_size,),
     }
 
 
 def exported_state_dict(draft: Eagle3Draft, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The tensors that go into model.safetensors, under their exact engine names."""
     sd = draft.state_dict()
-    names = list(REQUIRED_WEIGHTS)
+    names = required_weights(draft.config)
     if draft.config.hidden_size != draft.config.target_hidden_size:
         names.append("embed_tokens.weight")
     out = {}
@@ -106,7 +121,7 @@ def engine_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16, metadat
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
-        "norm_before_residual": False,
+        "norm_before_residual": cfg.norm_before_residual,
         "torch_dtype": DTYPE_NAMES[dtype],
         "pad_token_id": cfg.pad_token_id,
         "bos_token_id": cfg.bos_token_id,
@@ -121,6 +136,11 @@ def engine_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16, metadat
     }
     if cfg.hidden_size != cfg.target_hidden_size:
         d["target_hidden_size"] = cfg.target_hidden_size
+    # The options vLLM 0.32.0 and SGLang 0.5.23 read (top-level keys; both also take norm_before_fc
+    # from eagle_config), written only when on so that an EAGLE-3 draft's config is as before.
+    for key in ("fc_norm", "norm_output", "norm_before_fc"):
+        if getattr(cfg, key):
+            d[key] = True
     d[METADATA_KEY] = dict(metadata or {})
     return d
 
@@ -136,7 +156,6 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
     os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a published draft is world-readable
     tmp.replace(out / WEIGHTS)
     config = engine_config(draft.config, dtype, metadata)
-    config["norm_before_residual"] = bool(getattr(draft, "norm_before_residual", False))  # set by formats.py
     write_json(out / CONFIG, config)
     return out
 
@@ -169,7 +188,22 @@ def draft_config_from_json(d: dict) -> DraftConfig:
         pad_token_id=d.get("pad_token_id"),
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=d.get("eos_token_id"),
+        **options_from_json(d),
     )
+
+
+def options_from_json(d: dict) -> dict[str, bool]:
+    """The architecture options of a config.json as vLLM 0.32.0 and SGLang 0.5.23 read them
+    (models/llama_eagle3.py): ``fc_norm`` (SGLang also takes its legacy ``use_aux_norm``),
+    ``norm_output``, ``norm_before_fc`` from ``eagle_config`` first and then top-level, and
+    ``norm_before_residual`` (vLLM; SGLang does not implement it)."""
+    ec = d.get("eagle_config") if isinstance(d.get("eagle_config"), dict) else {}
+    return {
+        "fc_norm": bool(d.get("fc_norm") or d.get("use_aux_norm")),
+        "norm_output": bool(d.get("norm_output", False)),
+        "norm_before_fc": bool(ec.get("norm_before_fc", d.get("norm_before_fc", False))),
+        "norm_before_residual": bool(d.get("norm_before_residual", False)),
+    }
 
 
 def read_config(draft_dir: str | Path) -> dict:
@@ -197,7 +231,7 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     d = read_config(draft_dir)
     cfg = draft_config_from_json(d)
     tensors = read_tensors(draft_dir)
-    missing = [n for n in REQUIRED_WEIGHTS if n not in tensors]
+    missing = [n for n in required_weights(cfg) if n not in tensors]
     if missing:
         raise ValueError(f"{draft_dir}: missing tensors {missing}; run `eagle3 inspect {draft_dir}`")
     draft, _ = draft_from_tensors(cfg, tensors, target, dtype, strict=False)
@@ -215,7 +249,8 @@ def draft_from_tensors(cfg: DraftConfig, tensors: dict, target=None, dtype: torc
     if dtype is None:
         dtype = tensors["fc.weight"].dtype
     draft.to(dtype)
-    state = {k: v for k, v in tensors.items() if k in REQUIRED_WEIGHTS or k in OPTIONAL_WEIGHTS}
+    known = set(required_weights(cfg)) | set(OPTIONAL_WEIGHTS)
+    state = {k: v for k, v in tensors.items() if k in known}
     embed = "draft"
     if "embed_tokens.weight" not in state:
         embed = "target" if target is not None else "placeholder"

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from .draft import Eagle3Draft, MidLayer
-from .export import (CONFIG, METADATA_KEY, OPTIONAL_WEIGHTS, REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json,
-                     draft_from_tensors, expected_shapes, exported_state_dict, save_draft)
+from .draft import OPTION_KEYS, Eagle3Draft
+from .export import (CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS,
+                     OPTIONAL_WEIGHTS, REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json, draft_from_tensors,
+                     expected_shapes, exported_state_dict, options_from_json, save_draft)
 from .io_utils import default_file_mode, write_json
 from .layers import default_layer_ids, num_layers
 
@@ -67,6 +68,7 @@ class ReadNote:
     inferred: list[str] = field(default_factory=list)  # every value not read as such from the files
     ignored: list[str] = field(default_factory=list)  # tensors or keys dropped, with why
     norm_before_residual: bool = False
+    options: dict = field(default_factory=dict)  # the architecture options that are on (DraftConfig.options)
     target: str | None = None  # the target the files name, if any
     embed: str = "draft"  # where embed_tokens came from: draft | target | placeholder
 
@@ -196,21 +198,18 @@ def read_draft(path: str | Path, target_config=None, target=None, dtype: torch.d
     draft, embed = draft_from_tensors(dcfg, tensors, target, dtype, strict=True)
     if embed != "draft" or (target is not None and dcfg.hidden_size == dcfg.target_hidden_size):
         note.embed = embed
-    if note.norm_before_residual:
-        use_norm_before_residual(draft)
+    note.norm_before_residual = dcfg.norm_before_residual
+    note.options = dcfg.options()
     return draft.to(device), note
 
 
 def _ours(raw: dict, tensors: dict, note: ReadNote):
     note.target = (raw.get(METADATA_KEY) or {}).get("target")
-    note.norm_before_residual = bool(raw.get("norm_before_residual", False))
     return dict(raw), tensors
 
 
 def _eagle(raw: dict, tensors: dict, note: ReadNote):
-    cfg = dict(raw)
-    note.norm_before_residual = bool(raw.get("norm_before_residual", False))
-    return cfg, tensors
+    return dict(raw), tensors
 
 
 def _specforge(raw: dict, tensors: dict, note: ReadNote):
@@ -218,7 +217,13 @@ def _specforge(raw: dict, tensors: dict, note: ReadNote):
     if raw.get("norm_output", True) is False:  # SpecForge: False = logits from the un-normed stream
         raise FormatError(f"{note.path}/{CONFIG}: norm_output is false (lm_head on the un-normed stream): "
                           "this package's draft always applies norm before lm_head")
-    note.norm_before_residual = bool(raw.get("norm_before_residual", False))
+    if "norm_output" in cfg:
+        # SpecForge 0.2.0 (modeling/draft/llama3_eagle.py compute_logits): norm_output true only means
+        # lm_head reads norm(a), as every EAGLE-3 draft; its TTT feeds the un-normed a to the next step.
+        cfg.pop("norm_output")
+        note.inferred.append("norm_output true read as SpecForge 0.2.0 means it (lm_head on norm(a), the un-normed "
+                             "a fed to the next step); vLLM and SGLang read the key as EAGLE-3.1's normed feedback, "
+                             "so a conversion leaves it out")
     return cfg, tensors
 
 
@@ -236,7 +241,7 @@ def _modelopt(raw: dict, tensors: dict, note: ReadNote):
         note.inferred.append(f"rope_scaling {json.dumps(rs, sort_keys=True)} taken as exported: ModelOpt injects "
                              "eagle_export_rope_scaling at export when training used default RoPE, and the "
                              "engines serve the draft with it")
-    note.norm_before_residual = False
+    cfg["norm_before_residual"] = False
     return cfg, tensors
 
 
@@ -250,10 +255,11 @@ def _speculators(raw: dict, tensors: dict, note: ReadNote):
     if tl.get("model_type", "llama") != "llama":
         raise FormatError(f"{note.path}/{CONFIG}: transformer_layer_config.model_type {tl.get('model_type')!r}: "
                           "only the Llama draft layer is supported (a Qwen3 layer adds q/k norms)")
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if raw.get(flag):
-            raise FormatError(f"{note.path}/{CONFIG}: {flag} is true: a variant this package's draft does not have")
     cfg = dict(tl)
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):  # top-level keys (vLLM 0.32.0 speculators/algos.py)
+        cfg.pop(flag, None)
+        if raw.get(flag):
+            cfg[flag] = True
     cfg["architectures"] = ["LlamaForCausalLMEagle3"]
     cfg["draft_vocab_size"] = raw.get("draft_vocab_size") or tl.get("vocab_size")
     if raw.get("target_hidden_size"):
@@ -264,9 +270,9 @@ def _speculators(raw: dict, tensors: dict, note: ReadNote):
     else:
         cfg.pop("eagle_aux_hidden_state_layer_ids", None)
     if "norm_before_residual" in raw:
-        note.norm_before_residual = bool(raw["norm_before_residual"])
+        cfg["norm_before_residual"] = bool(raw["norm_before_residual"])
     else:
-        note.norm_before_residual = True
+        cfg["norm_before_residual"] = True
         note.inferred.append("norm_before_residual = true: the key is missing and vLLM 0.32.0 "
                              "(speculators/algos.py) defaults it to true (speculators 0.9.0's own default is false)")
     cfg.setdefault("torch_dtype", raw.get("torch_dtype") or tl.get("torch_dtype") or tl.get("dtype"))
@@ -286,10 +292,15 @@ _NORMALISE = {"ours": _ours, "eagle": _eagle, "speculators": _speculators, "mode
 def _rename(tensors: dict, note: ReadNote) -> dict:
     out = {}
     dropped = 0
+    legacy = []
     for k, v in tensors.items():
         n = k[len("model."):] if k.startswith("model.") else k
         if n.startswith("layers.0."):
             n = "midlayer." + n[len("layers.0."):]
+        head = n.split(".", 1)[0]
+        if head in LEGACY_FC_NORM:  # SGLang 0.5.23's legacy names (llama_eagle3.py load_weights)
+            legacy.append(head)
+            n = LEGACY_FC_NORM[head] + n[len(head):]
         if n.startswith("target_model."):  # a training dump that carries the target too
             dropped += 1
             continue
@@ -298,6 +309,8 @@ def _rename(tensors: dict, note: ReadNote) -> dict:
         note.inferred.append("tensor names read without their 'model.' prefix")
     if dropped:
         note.ignored.append(f"{dropped} target_model.* tensors (the target's own weights)")
+    if legacy:
+        note.inferred.append(f"{', '.join(sorted(legacy))} read as fc_norm.0/1/2 (SGLang 0.5.23's legacy names)")
     return out
 
 
@@ -306,14 +319,12 @@ def _check_supported(cfg: dict, tensors: dict, note: ReadNote):
     if (cfg.get("num_hidden_layers") or 1) != 1 or any(k.startswith(("layers.1.", "midlayer.1")) for k in tensors):
         raise FormatError(f"{note.path}/{CONFIG}: num_hidden_layers {cfg.get('num_hidden_layers')}: "
                           "an EAGLE-3 draft here has one decoder layer")
-    if "input_norm.weight" in tensors or any(k.startswith("fc_norm.") for k in tensors):
-        raise FormatError(f"{where}: holds norms before fc (norm_before_fc / fc_norm): a variant this package's "
-                          "draft does not have")
+    _check_options(cfg, tensors, note)
     if cfg.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
         raise FormatError(f"{note.path}/{CONFIG}: tie_word_embeddings is true and there is no lm_head.weight")
     if cfg.get("attention_bias") or cfg.get("mlp_bias") or any(k.endswith(".bias") for k in tensors):
         raise FormatError(f"{where}: has bias terms (attention_bias/mlp_bias/*.bias): this package's draft has none")
-    known = set(REQUIRED_WEIGHTS) | set(OPTIONAL_WEIGHTS)
+    known = set(REQUIRED_WEIGHTS) | set(OPTIONAL_WEIGHTS) | set(OPTION_WEIGHTS)
     unknown = sorted(k for k in tensors if k not in known)
     if unknown:
         raise FormatError(f"{where}: tensors this package's draft does not have: {unknown[:4]}"
@@ -326,6 +337,28 @@ def _check_supported(cfg: dict, tensors: dict, note: ReadNote):
         raise FormatError(f"{where}: missing tensors {missing}")
     if "auto_map" in cfg:
         note.ignored.append("auto_map in config.json (no code from a draft repository is run)")
+
+
+def _check_options(cfg: dict, tensors: dict, note: ReadNote):
+    """The norms before fc: tensors and config flags must agree. Norms without their flag are
+    ignored by the engines (the draft is served wrongly): read them with the flag and say so."""
+    where = note.weights_file or note.path
+    opts = options_from_json(cfg)
+    if opts["fc_norm"] and opts["norm_before_fc"]:
+        raise FormatError(f"{note.path}/{CONFIG}: both fc_norm and norm_before_fc are set: speculators 0.9.0 "
+                          "refuses the pair and this package's draft has one or the other")
+    for flag, names in (("fc_norm", FC_NORM_WEIGHTS), ("norm_before_fc", [INPUT_NORM_WEIGHT])):
+        present = [k for k in names if k in tensors]
+        if opts[flag] and len(present) != len(names):
+            missing = [k for k in names if k not in tensors]
+            raise FormatError(f"{where}: config.json sets {flag} but {missing} are missing (the engines would "
+                              "leave those norms at ones)")
+        if present and not opts[flag]:
+            if len(present) != len(names):
+                raise FormatError(f"{where}: holds {present} but not {[k for k in names if k not in present]}")
+            cfg[flag] = True
+            note.inferred.append(f"{flag} = true: the files hold {', '.join(present)} but config.json does not set "
+                                 f"{flag}, so vLLM and SGLang would not apply them")
 
 
 def _layer_ids(cfg: dict, note: ReadNote, target_config, override) -> list[int]:
@@ -424,22 +457,9 @@ def _check_shapes(dcfg, tensors: dict, note: ReadNote):
 
 # ---------------------------------------------------------------------------- norm_before_residual
 
-class NormBeforeResidualMidLayer(MidLayer):
-    """The residual around attention is hidden_norm(g) instead of g (speculators'/vLLM's
-    ``norm_before_residual``). Every caller (``Eagle3Draft.step``, ``ttt``) passes the un-normed g."""
-
-    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return super().finish(attn_out, self.hidden_norm(residual))
-
-
-def use_norm_before_residual(draft: Eagle3Draft) -> Eagle3Draft:
-    draft.midlayer.__class__ = NormBeforeResidualMidLayer
-    draft.norm_before_residual = True  # export.save_draft records it in config.json
-    return draft
-
-
 def norm_before_residual(draft: Eagle3Draft) -> bool:
-    return bool(getattr(draft, "norm_before_residual", False))
+    """speculators'/vLLM's ``norm_before_residual`` (now a ``DraftConfig`` option, docs/design.md §3)."""
+    return draft.config.norm_before_residual
 
 
 # ---------------------------------------------------------------------------- writing
@@ -491,12 +511,12 @@ def _write_speculators(draft: Eagle3Draft, out: Path, dtype, metadata, target_na
             "verifier": {"name_or_path": target_name, "architectures": []},
         },
         "draft_vocab_size": cfg.draft_vocab_size,
-        "norm_before_residual": norm_before_residual(draft),  # always explicit: vLLM defaults a missing key to true
+        "norm_before_residual": cfg.norm_before_residual,  # always explicit: vLLM defaults a missing key to true
         "target_hidden_size": cfg.target_hidden_size if cfg.target_hidden_size != cfg.hidden_size else None,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
         "embed_requires_grad": False,
         "torch_dtype": DTYPE_NAMES[dtype],
         METADATA_KEY: dict(metadata or {}),
@@ -603,6 +623,10 @@ def inspect_any(path: str | Path, target_config=None):
         rep = inspect_draft(path, target_config)
         if note.norm_before_residual:
             rep.summary.setdefault("engines", {})["sglang"] = False
+        if fmt == "specforge" and (_json(Path(path) / CONFIG)).get("norm_output") is True:
+            rep.problems.append("config: norm_output is true, which SpecForge 0.2.0 writes for a draft whose lm_head "
+                                "reads norm(a) and whose next step is fed a; vLLM and SGLang feed norm(a) "
+                                "(EAGLE-3.1) instead: `eagle3 convert` writes the config they serve as trained")
     rep.summary["format"] = fmt
     rep.summary["read_note"] = note.lines()
     return rep, note
@@ -637,16 +661,27 @@ def init_from(draft: Eagle3Draft, vocab, counts: torch.Tensor, cfg, target_confi
     if tuple(a.aux_layer_ids) != tuple(b.aux_layer_ids):
         raise FormatError(f"{cfg.init_from} reads layers {list(a.aux_layer_ids)}, the store holds "
                           f"{list(b.aux_layer_ids)}: its fc would mix the wrong streams")
+    # Architecture options (docs/design.md §3): the source's are kept (its weights were trained with
+    # them), the ones this run asks for are added (their norms start at ones).
+    opts = {k: getattr(a, k) or getattr(b, k) for k in OPTION_KEYS}
+    if opts["fc_norm"] and opts["norm_before_fc"]:
+        raise FormatError(f"{cfg.init_from} uses {'fc_norm' if a.fc_norm else 'norm_before_fc'}; this run asks for "
+                          f"{'fc_norm' if b.fc_norm else 'norm_before_fc'}: the two are mutually exclusive")
+    if a.options():
+        say and say(f"init-from: its options {', '.join(a.options())} are kept")
     state = {k: v for k, v in src.state_dict().items() if k not in ("embed_tokens.weight",)}
     if mode == "keep":
         ids = src.draft_to_target(torch.arange(a.draft_vocab_size))
-        out = Eagle3Draft(replace(b, draft_vocab_size=a.draft_vocab_size), embed_weight=draft.embed_tokens.weight)
+        out = Eagle3Draft(replace(b, draft_vocab_size=a.draft_vocab_size, **opts), embed_weight=draft.embed_tokens.weight)
         out.load_state_dict(state, strict=False)
         total = int(counts.sum())
         vocab = DraftVocab(ids=ids, coverage=int(counts.long()[ids].sum()) / total if total else 0.0)
         say and say(f"init-from: kept its vocabulary ({a.draft_vocab_size} tokens; d2t, t2d, lm_head unchanged)")
     else:
         out = draft
+        if any(opts[k] != getattr(b, k) for k in OPTION_KEYS):
+            out = Eagle3Draft(replace(b, **opts), embed_weight=draft.embed_tokens.weight)
+            out.load_state_dict(draft.state_dict(), strict=False)  # the fresh weights and this store's vocabulary
         new_ids = vocab.ids.long()
         row_of = torch.full((a.vocab_size,), -1, dtype=torch.long)
         row_of[src.draft_to_target(torch.arange(a.draft_vocab_size))] = torch.arange(a.draft_vocab_size)
@@ -660,6 +695,4 @@ def init_from(draft: Eagle3Draft, vocab, counts: torch.Tensor, cfg, target_confi
             out.lm_head.weight.copy_(head)
         say and say(f"init-from: new vocabulary of {vocab.size} tokens: {int(shared.sum())} lm_head rows copied "
                     f"from the draft, {int((~shared).sum())} new tokens initialised fresh")
-    if note.norm_before_residual:
-        use_norm_before_residual(out)
     return out, vocab

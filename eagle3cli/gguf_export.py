@@ -50,6 +50,7 @@ TENSOR_NAMES = {
     "lm_head.weight": "output.weight",
     "embed_tokens.weight": "token_embd.weight",
     "d2t": "d2t",
+    "input_norm.weight": "enc.output_norm.weight",  # norm_before_fc (src/models/eagle3.cpp: LLM_TENSOR_ENC_OUTPUT_NORM)
 }
 
 
@@ -163,7 +164,20 @@ def run_converter(model_dir, out_file, outtype: str = "f32", target_dir=None, ll
     return out, warnings
 
 
+def check_options(draft_dir, cfg: dict | None = None):
+    """Refuse a draft with an architecture option llama.cpp's eagle3.cpp does not implement
+    (EAGLE-3.1's fc_norm and norm_output): it would be served without them, wrongly."""
+    from .engine_support import LLAMACPP, unsupported_options
+    from .export import options_from_json, read_config
+
+    missing = unsupported_options(options_from_json(cfg if cfg is not None else read_config(draft_dir)))[LLAMACPP]
+    if missing:
+        raise GGUFExportError(f"{draft_dir}: uses {', '.join(missing)}, which {LLAMACPP}'s src/models/eagle3.cpp "
+                              "does not implement: llama.cpp would serve it wrongly; serve it with vLLM or SGLang")
+
+
 def convert_draft(draft_dir, target_dir, out_file, outtype="f32", llama_cpp=None, log=None):
+    check_options(draft_dir)
     return run_converter(draft_dir, out_file, outtype, target_dir=target_dir, llama_cpp=llama_cpp, log=log)
 
 
@@ -218,6 +232,9 @@ def write_draft_gguf(draft_dir, target_gguf, out_file, outtype: str = "f32", nam
                               "or pass --llama-cpp DIR to let llama.cpp's converter do both)")
     cfg = read_config(draft_dir)
     tensors = read_tensors(draft_dir)
+    from .export import options_from_json
+
+    check_options(draft_dir, cfg)
     ids = list(cfg.get("eagle_aux_hidden_state_layer_ids") or [])
     if len(ids) != 3:
         raise GGUFExportError(f"{draft_dir}: llama.cpp needs exactly 3 eagle_aux_hidden_state_layer_ids, got {ids}")
@@ -264,7 +281,7 @@ def write_draft_gguf(draft_dir, target_gguf, out_file, outtype: str = "f32", nam
     w.add_array(f"{ARCH}.target_layers", [int(i) for i in ids])
     w.add_uint32(f"{ARCH}.target_hidden_size", int(cfg.get("target_hidden_size") or h))
     w.add_bool(f"{ARCH}.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
-    w.add_bool(f"{ARCH}.norm_before_fc", bool(cfg.get("norm_before_fc", False)))
+    w.add_bool(f"{ARCH}.norm_before_fc", options_from_json(cfg)["norm_before_fc"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _copy_tokenizer(gguf, reader, w)
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .export import CONFIG, OPTIONAL_WEIGHTS, REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json, expected_shapes
+from . import engine_support
+from .export import (CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, OPTIONAL_WEIGHTS, WEIGHTS,
+                     draft_config_from_json, expected_shapes, options_from_json, required_weights)
 from .layers import default_layer_ids, num_layers, text_config
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
@@ -44,10 +46,12 @@ def inspect_draft(draft_dir: str | Path, target_config=None) -> InspectReport:
         _check_tensors(cfg, tensors, rep)
     if target_config is not None:
         _check_against_target(cfg, ids, target_config, rep)
+    missing = engine_support.unsupported_options(rep.summary.get("options") or {})
     rep.summary["engines"] = {
-        "vllm": "eagle_aux_hidden_state_layer_ids" in cfg and not _has_weight_problem(rep),
+        "vllm": "eagle_aux_hidden_state_layer_ids" in cfg and not _has_weight_problem(rep)
+        and not missing[engine_support.VLLM],
         "sglang": bool((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-        and not _has_weight_problem(rep),
+        and not _has_weight_problem(rep) and not missing[engine_support.SGLANG],
     }
     return rep
 
@@ -94,6 +98,15 @@ def _check_config(cfg: dict, rep: InspectReport):
         rep.problems.append("config: draft_vocab_size is missing (engines then assume the full vocab)")
     if cfg.get("attention_bias"):
         rep.problems.append("config: attention_bias is true; EAGLE-3 drafts have no attention bias")
+    opts = options_from_json(cfg)
+    if opts["fc_norm"] and opts["norm_before_fc"]:
+        rep.problems.append("config: fc_norm and norm_before_fc are both set: speculators refuses the pair and "
+                            "vLLM/SGLang would apply both norms in turn")
+    if cfg.get("use_aux_norm") and not cfg.get("fc_norm"):
+        rep.problems.append("config: use_aux_norm is SGLang's legacy name of fc_norm; vLLM reads only fc_norm "
+                            "(and would skip the norms): set \"fc_norm\": true")
+    rep.summary["options"] = {k: v for k, v in opts.items() if v}
+    rep.summary["variant"] = "eagle3.1" if opts["fc_norm"] and opts["norm_output"] else "eagle3"
     rep.summary.update(
         hidden_size=cfg.get("hidden_size"),
         target_hidden_size=cfg.get("target_hidden_size", cfg.get("hidden_size")),
@@ -146,16 +159,31 @@ def _read_tensors(d: Path, rep: InspectReport) -> dict[str, tuple] | None:
 
 
 def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectReport):
-    dcfg = draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    try:
+        dcfg = draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+                                       "norm_before_fc": cfg.get("norm_before_fc") and not cfg.get("fc_norm")})
+    except ValueError as e:
+        rep.problems.append(f"config: {e}")
+        return
     shapes = expected_shapes(dcfg)
+    required = required_weights(dcfg)
+    flags = {n: "fc_norm" for n in FC_NORM_WEIGHTS} | {INPUT_NORM_WEIGHT: "norm_before_fc"}
     for name in tensors:
         if name.startswith("model."):
             rep.problems.append(f"tensor {name}: has a 'model.' prefix; engines expect {name[len('model.'):]}")
-        elif name not in REQUIRED_WEIGHTS and name not in OPTIONAL_WEIGHTS:
+        elif name in flags and name not in required:
+            rep.problems.append(f"tensor {name}: config.json does not set {flags[name]}, so vLLM and SGLang "
+                                f"ignore this norm and serve the draft without it; set \"{flags[name]}\": true")
+        elif name.split(".", 1)[0] in LEGACY_FC_NORM:
+            rep.problems.append(f"tensor {name}: SGLang's legacy name for {LEGACY_FC_NORM[name.split('.', 1)[0]]}; "
+                                "vLLM does not know it: `eagle3 convert` renames it")
+        elif name not in required and name not in OPTIONAL_WEIGHTS:
             rep.problems.append(f"tensor {name}: unknown name (SGLang silently drops it)")
-    for name in REQUIRED_WEIGHTS:
+    for name in required:
         if name not in tensors and f"model.{name}" not in tensors:
-            rep.problems.append(f"tensor {name}: missing (the engine leaves that weight random)")
+            what = (f"the config sets {flags[name]}, the engines then leave that norm at ones" if name in flags
+                    else "the engine leaves that weight random")
+            rep.problems.append(f"tensor {name}: missing ({what})")
     for name, t in tensors.items():
         bare = name[len("model."):] if name.startswith("model.") else name
         if bare in shapes and tuple(t.shape) != shapes[bare]:
@@ -222,3 +250,5 @@ def _check_against_target(cfg: dict, ids, target_config, rep: InspectReport):
     if dtheta is not None and abs(float(dtheta) - float(trope["rope_theta"])) > 1e-6 * float(trope["rope_theta"]):
         rep.problems.append(f"config: rope_theta {dtheta} differs from the target's {trope['rope_theta']}")
     rep.summary["target_layers"] = n
+    # Whether each engine takes EAGLE-3 for this target at all (not a problem of the draft: eval runs it).
+    rep.summary["target_support"] = {e: list(v) for e, v in engine_support.target_support(target_config).items()}

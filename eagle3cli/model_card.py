@@ -12,7 +12,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .export import METADATA_KEY
+from . import engine_support
+from .export import METADATA_KEY, options_from_json
 
 TEMPLATE = "model_card.md"
 LIBRARY_NAME = "eagle3"  # the library that trains, evaluates and loads these drafts
@@ -39,6 +40,30 @@ def llamacpp_command(repo: str, gguf_files=()) -> str:
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
            f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --target TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
     return (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max 3")
+
+
+def architecture_label(config: dict) -> str:
+    """'EAGLE-3' or 'EAGLE-3.1', plus the architecture options that are on (docs/design.md §3)."""
+    opts = [k for k, v in options_from_json(config).items() if v]
+    name = "EAGLE-3.1" if {"fc_norm", "norm_output"} <= set(opts) else "EAGLE-3"
+    return name + (f" ({', '.join(f'`{o}`' for o in opts)})" if opts else "")
+
+
+def serving_notes(config: dict, target_config=None) -> list[str]:
+    """Which engine would refuse or misserve this draft: its options, and (given the target's
+    config) the target's model class (engine_support, versions named)."""
+    notes = []
+    for engine, missing in engine_support.unsupported_options(options_from_json(config)).items():
+        if missing:
+            notes.append(f"{engine} does not implement {', '.join(f'`{m}`' for m in missing)}: do not serve this "
+                         f"draft with it.")
+    if target_config is not None:
+        notes += [why + "." for ok, why in engine_support.target_support(target_config).values() if ok is False]
+    else:
+        refused = {e: sorted(a for a, ok in t.items() if not ok) for e, t in engine_support.TARGETS.items()}
+        notes.append("Targets the engines refuse for EAGLE-3: " + "; ".join(
+            f"{e}: {', '.join(f'`{a}`' for a in archs)}" for e, archs in refused.items()) + ".")
+    return notes
 
 
 # ---------------------------------------------------------------- eval results (eagle3 eval's results.json)
@@ -146,7 +171,7 @@ def facts(config: dict, target: str | None) -> list[tuple[str, str]]:
     j = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
     k = list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [j_ - 1 for j_ in j])
     v, dv = config.get("vocab_size"), config.get("draft_vocab_size") or config.get("vocab_size")
-    rows = [("Target", f"`{target}`" if target else "not recorded")]
+    rows = [("Target", f"`{target}`" if target else "not recorded"), ("Draft architecture", architecture_label(config))]
     if meta.get("target_revision"):
         rows.append(("Target revision", f"`{meta['target_revision']}`"))
     rows += [
@@ -213,7 +238,7 @@ def template_text(name: str = TEMPLATE) -> str:
 
 
 def render_card(config: dict, repo_id: str, target: str | None, results: list[dict] = (),
-                license: str | None = None, gguf_files=()):
+                license: str | None = None, gguf_files=(), target_config=None):
     """The ModelCard (huggingface_hub) for a draft published as ``repo_id``."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -236,6 +261,7 @@ def render_card(config: dict, repo_id: str, target: str | None, results: list[di
         sglang_command=sglang_command(target or "TARGET", repo_id),
         vllm_command=vllm_command(target or "TARGET", repo_id),
         llamacpp_command=llamacpp_command(repo_id, gguf_files),
+        serving_notes=serving_notes(config, target_config),
         eval_rows=eval_rows(list(results)),
         training=training_rows(meta),
     )

@@ -61,6 +61,13 @@ class TrainConfig:
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
+    # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
+    variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
+                                "target stream before fc, and norm_output, the normed output fed to the next step).")
+    norm_before_fc: bool = _f(False, "One RMSNorm over the concatenated target streams before fc (input_norm; "
+                                     "vLLM/SGLang norm_before_fc). Not with --variant eagle3.1 (it has fc_norm).")
+    norm_before_residual: bool = _f(False, "The residual around the draft's attention is hidden_norm(g) instead of g "
+                                           "(speculators' variant; vLLM serves it, SGLang 0.5.23 does not).")
     # --- initialisation ---
     warm_start: str = _f("none", "Start the draft from the target's weights: comma-separated parts of head (final "
                                  "norm + LM head rows), fc (pass the high stream through), layer (the target's "
@@ -129,6 +136,21 @@ def coerce(key: str, value: Any, source: str) -> Any:
         raise ValueError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
 
 
+VARIANTS = ("eagle3", "eagle3.1")
+
+
+def draft_options(cfg: TrainConfig) -> dict[str, bool]:
+    """The DraftConfig architecture options of ``cfg`` (``--variant`` and the two norm flags)."""
+    if cfg.variant not in VARIANTS:
+        raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}, got {cfg.variant!r}")
+    v31 = cfg.variant == "eagle3.1"
+    if v31 and cfg.norm_before_fc:
+        raise ValueError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
+                         "each stream before fc (speculators refuses both)")
+    return {"fc_norm": v31, "norm_output": v31, "norm_before_fc": bool(cfg.norm_before_fc),
+            "norm_before_residual": bool(cfg.norm_before_residual)}
+
+
 # ---- recipes --------------------------------------------------------------------------------
 
 def _recipe_dir():
@@ -191,4 +213,6 @@ def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> t
             used = recipe
         if used is not None:
             used, settings = load_recipe(used)
-    return TrainConfig(**{**settings, **flags}), used
+    cfg = TrainConfig(**{**settings, **flags})
+    draft_options(cfg)  # a wrong --variant fails here, before any model is loaded
+    return cfg, used

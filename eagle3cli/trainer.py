@@ -41,7 +41,8 @@ from .features import FORMAT_VERSION, FeatureStore, write_json
 from .hf_utils import eos_token_ids
 from .layers import num_layers, parse_layer_ids, text_config
 from .target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
-from .train_config import TrainConfig
+from .train_config import TrainConfig, draft_options
+from . import engine_support
 from . import warm_start
 from .ttt import TTTModel, acceptance_length, teacher_from_final
 from .vocab import build_vocab
@@ -510,7 +511,13 @@ class Trainer:
             self.vocab = build_vocab(counts, cfg.draft_vocab_size, cfg.vocab_coverage, end_ids)
         except ValueError as e:
             raise TrainError(str(e)) from None
-        dcfg = DraftConfig.from_target(self.target_config, self.vocab.size, self.layer_ids)
+        try:
+            options = draft_options(cfg)  # --variant, --norm-before-fc, --norm-before-residual
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+        for line in engine_support.warnings(self.target_config, options):
+            self._say(f"[yellow]warning:[/] {line}")
+        dcfg = DraftConfig.from_target(self.target_config, self.vocab.size, self.layer_ids, **options)
         draft = Eagle3Draft(dcfg, embed_weight=self._embed.float().cpu())
         draft.init_weights(seed=cfg.seed)
         draft.set_vocab(self.vocab.ids)

@@ -74,7 +74,7 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
         q, k, v = attn.qkv(x, cos, sin)
         keys.append(attn.expand_kv(k))
         values.append(attn.expand_kv(v))
-        a = layer.finish(attn.out(attention(q, keys, values)), hidden)
+        a = draft.output(layer.finish(attn.out(attention(q, keys, values)), hidden))  # norm(a) with norm_output
         yield a
         hidden = a  # the next step is fed the draft's own output, not the target's
 

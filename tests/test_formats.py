@@ -14,8 +14,7 @@ from tiny import tiny_model
 
 from eagle3cli.draft import DraftConfig, Eagle3Draft, MidLayer
 from eagle3cli.export import engine_config, save_draft
-from eagle3cli.formats import (FormatError, NormBeforeResidualMidLayer, convert, detect_format, inspect_any,
-                               read_draft, write_draft)
+from eagle3cli.formats import FormatError, convert, detect_format, inspect_any, read_draft, write_draft
 
 torch.set_num_threads(1)
 LAYERS = (2, 4, 5)  # tiny 8-layer target: input of decoder layer j
@@ -261,12 +260,15 @@ def test_speculators_norm_before_residual_defaults_true_as_vllm_reads_it(tmp_pat
     d = base_draft(target)
     path = write_speculators(tmp_path / "spec", d)  # no norm_before_residual key
     r, note = read_draft(path, target=target, dtype=torch.float32)
-    assert note.norm_before_residual and isinstance(r.midlayer, NormBeforeResidualMidLayer)
+    assert note.norm_before_residual and r.config.norm_before_residual and r.midlayer.norm_before_residual
     assert any("vLLM 0.32.0" in x for x in note.inferred)
     assert not torch.equal(logits(r), logits(d))  # the residual differs, as vLLM computes it
     o = torch.randn(1, 3, 64)
     g = torch.randn(1, 3, 64)
-    assert torch.equal(r.midlayer.finish(o, g), MidLayer.finish(r.midlayer, o, r.midlayer.hidden_norm(g)))
+    plain = MidLayer(r.config)
+    plain.load_state_dict(r.midlayer.state_dict())
+    plain.norm_before_residual = False
+    assert torch.equal(r.midlayer.finish(o, g), plain.finish(o, r.midlayer.hidden_norm(g)))
     # the flag survives conversion, explicitly, and SGLang (which has no such flag) is refused
     out, _ = convert(path, tmp_path / "ours", "vllm", target=target)
     assert json.loads((out / "config.json").read_text())["norm_before_residual"] is True

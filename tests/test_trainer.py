@@ -329,3 +329,26 @@ def test_warm_start_head_frozen_keeps_the_target_rows_and_still_learns(store, ta
     assert not torch.equal(d.norm.weight.detach().cpu(), target.model.norm.weight.detach())  # the norm trains
     losses = [h["loss"] for h in res.history if "acc" in h]
     assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses  # the rest of the draft learns
+
+
+def test_eagle31_variant_trains_its_norms_and_warns_about_refusing_engines(store, target_dir, tmp_path, monkeypatch):
+    """--variant eagle3.1: the exported draft has fc_norm/norm_output, trained norms, passes
+    inspect; a target family an engine refuses gets the warning at train time (issue #15)."""
+    import io
+
+    from rich.console import Console
+
+    from eagle3cli import engine_support
+
+    monkeypatch.setitem(engine_support.TARGETS[engine_support.VLLM], "LlamaForCausalLM", False)
+    buf = io.StringIO()
+    res = train(config(store, target_dir, tmp_path / "v31", epochs=1, variant="eagle3.1"),
+                console=Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "warning: vLLM 0.32.0 refuses EAGLE-3 for LlamaForCausalLM" in text
+    assert "llama.cpp (llama-cpp-python 0.3.36) does not implement fc_norm, norm_output" in text
+    cfg = read_config(tmp_path / "v31")
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True and inspect_draft(tmp_path / "v31").ok
+    t = load_file(str(tmp_path / "v31" / "model.safetensors"))
+    assert all(not torch.equal(t[f"fc_norm.{i}.weight"].float(), torch.ones(64)) for i in range(3))  # they learned
+    assert res.draft.config.variant == "eagle3.1"

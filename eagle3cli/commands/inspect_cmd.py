@@ -30,6 +30,7 @@ def inspect(
     s = rep.summary
     rows = [
         ("format", FORMATS.get(s.get("format"), s.get("format"))),
+        ("variant / options", f"{s.get('variant', 'eagle3')} / {', '.join(s.get('options') or {}) or 'none'}"),
         ("layers (input of layer j; vLLM)", s.get("layers_j")),
         ("layers (output of layer j-1; SGLang)", s.get("layers_j_minus_1")),
         # what the draft was built for; the --model's own size is its own row (a mismatch is a problem)
@@ -48,6 +49,8 @@ def inspect(
         rows.append(("target layers / engines' default j", f"{s['target_layers']} / {s.get('target_default_layers_j')}"))
     for eng, ok in (s.get("engines") or {}).items():
         rows.append((f"{eng} reads it correctly", "yes" if ok and rep.ok else "no"))
+    for eng, (ok, _) in (s.get("target_support") or {}).items():
+        rows.append((f"{eng} accepts the target", {True: "yes", False: "no", None: "not checked"}[ok]))
     for k, v in rows:
         table.add_row(k, "-" if v is None else str(v))
     out = console.__class__()  # summary to stdout
@@ -56,6 +59,14 @@ def inspect(
         out.print(f"[cyan]{line.split(':', 1)[0]}:[/]{line.split(':', 1)[1]}", highlight=False)
     for p in rep.problems:
         out.print(f"[red]problem:[/] {p}", highlight=False)
+    from ..engine_support import unsupported_options
+
+    for eng, missing in unsupported_options(s.get("options") or {}).items():
+        if missing:
+            out.print(f"[yellow]note:[/] {eng} does not implement {', '.join(missing)}", highlight=False)
+    for ok, why in (s.get("target_support") or {}).values():
+        if ok is False:
+            out.print(f"[yellow]warning:[/] {why}", highlight=False)
     if s.get("format") not in (None, "ours"):
         out.print(f"convert: `eagle3 convert {draft} --to vllm --out DIR` writes a draft both engines read",
                   highlight=False)
