@@ -1,7 +1,7 @@
 """gen-data --engine vllm without vLLM: the eagle3 side (worker protocol, store, manifest, resume,
 refusals) against a fake worker, and the vLLM side's pure helpers (final norm, stream split).
 
-The live check against vLLM itself is benchmarks/vllm_capture_equivalence.py (docs/scale.md)."""
+The live check against vLLM itself is benchmarks/vllm_capture_equivalence.py (docs/data.md, "Capture with vLLM")."""
 
 import json
 import os

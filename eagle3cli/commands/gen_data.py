@@ -58,7 +58,7 @@ def gen_data(
                                          "exceeds the free space (the estimate is an upper bound with "
                                          "regeneration)."),
     engine: str = typer.Option("hf", "--engine", help="What captures the features: hf (a forward in this process) "
-                               "or vllm (vLLM's extract_hidden_states, run by --vllm-python; docs/scale.md)."),
+                               "or vllm (vLLM's extract_hidden_states, run by --vllm-python; docs/data.md)."),
     vllm_python: Optional[str] = typer.Option(None, "--vllm-python", envvar="EAGLE3_VLLM_PYTHON", help="Python of "
                                               "the environment with vLLM (default: this one)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="--engine vllm: vLLM's tensor "
