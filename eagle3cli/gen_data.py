@@ -80,6 +80,12 @@ class GenDataOptions:
     strict: bool = False
     show_mask: int = 0
     skip_disk_check: bool = False
+    engine: str = "hf"  # what captures the features: hf (a forward in this process) or vllm (eagle3cli.vllm_engine)
+    vllm_python: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    vllm_kv_cache_gib: float | None = None
+    vllm_args: dict | None = None  # more vllm.LLM keyword arguments
 
 
 # ---------------------------------------------------------------- small pieces
@@ -217,6 +223,8 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
         "chat_template_hash": template_sha, "features": opts.features, "layer_ids": list(layer_ids),
         "max_length": opts.max_length, "shard_size": opts.shard_size,
         "feature_dtype": opts.feature_dtype if opts.features == "offline" else None,
+        # Only when not the default, so that stores written before the option still resume.
+        **({"capture_engine": opts.engine} if opts.engine != "hf" else {}),
     }
 
 
@@ -336,6 +344,7 @@ class Pipeline:
         self.opts, self.spec, self.console = opts, spec, console
         self.model = None
         self.endpoint = None
+        self.vllm = None  # vllm_engine.VllmCapture with --engine vllm
 
     # -- setup
 
@@ -370,6 +379,7 @@ class Pipeline:
         if o.endpoint and not o.regenerate:
             raise GenDataError("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
         check_generation_options(o)
+        check_engine_options(o, self.spec)
         if not o.dry_run:
             check_out_dir(o.out, "--out")
         self.rank, self.world, device, self.state = rank_and_world(o.shard)
@@ -493,6 +503,31 @@ class Pipeline:
                 shard.unlink(missing_ok=True)
         return done
 
+    def start_vllm(self, base: dict):
+        from .vllm_engine import VllmCapture, VllmEngineError, find_vllm_python
+
+        o = self.opts
+        try:
+            python = find_vllm_python(o.vllm_python)
+            cfg = {"model": str(Path(self.spec.model).expanduser()), "layer_ids": list(self.layers.ids),
+                   "num_layers": self.layers.n_layers, "max_length": o.max_length, "feature_dtype": o.feature_dtype,
+                   "dtype": self.spec.dtype, "tensor_parallel_size": o.tensor_parallel_size,
+                   "pipeline_parallel_size": o.pipeline_parallel_size, "kv_cache_gib": o.vllm_kv_cache_gib,
+                   "extra": o.vllm_args or {}}
+            self.console.print(f"starting vLLM ({python}) to capture features ...", highlight=False)
+            self.vllm = VllmCapture(python, cfg)
+            info = self.vllm.start()
+        except VllmEngineError as e:
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
+            raise GenDataError(str(e)) from None
+        self.console.print(f"vLLM {info.get('vllm_version')} ready in {info.get('startup_s')} s "
+                           f"(dtype {info.get('dtype')})", highlight=False)
+        base["capture"] = {"engine": "vllm", "vllm_version": info.get("vllm_version"), "dtype": info.get("dtype"),
+                           "tensor_parallel_size": o.tensor_parallel_size,
+                           "pipeline_parallel_size": o.pipeline_parallel_size}
+
     # -- per shard
 
     def regenerate(self, index: int, convs: list[Conversation], status) -> tuple[list[Conversation | None], dict]:
@@ -545,8 +580,11 @@ class Pipeline:
             self.show_masks(convs, self.pending_show)
             self.pending_show = 0
         if samples and o.features == "offline":
-            status(f"shard {index}: capturing features")
-            capture_samples(self.model, samples, self.layers.ids, o.capture_tokens)
+            status(f"shard {index}: capturing features" + (" (vLLM)" if self.vllm is not None else ""))
+            if self.vllm is not None:
+                self.vllm.capture(samples)
+            else:
+                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens)
         name = shard_name(self.rank, index)
         path = self.out / SHARD_DIR / name
         if samples:
@@ -600,7 +638,7 @@ class Pipeline:
         if mode == "resume":
             console.print(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards of this rank already done")
         self.check_disk(nbytes, len(todo), n_shards)
-        need_model = o.features == "offline" or (o.regenerate and not o.endpoint)
+        need_model = (o.features == "offline" and o.engine == "hf") or (o.regenerate and not o.endpoint)
         if todo and need_model:
             from .target import load_target
 
@@ -616,8 +654,15 @@ class Pipeline:
             except EndpointError as e:
                 raise GenDataError(str(e)) from None
         self.pending_show = o.show_mask
-        write_manifest(self.out, base, n_shards)
-        self._loop(todo, len(mine), done, base, n_shards)
+        try:
+            if todo and o.engine == "vllm":
+                self.start_vllm(base)
+            write_manifest(self.out, base, n_shards)
+            self._loop(todo, len(mine), done, base, n_shards)
+        finally:
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
         if self.state is not None:
             self.state.wait_for_everyone()
         man = write_manifest(self.out, base, n_shards)
@@ -632,6 +677,7 @@ class Pipeline:
             TimeRemainingColumn
 
         from .regenerate import EndpointError
+        from .vllm_engine import VllmEngineError
 
         o = self.opts
         size = o.shard_size
@@ -655,7 +701,7 @@ class Pipeline:
                 convs = self.convs[s * size:(s + 1) * size]
                 try:
                     stats = self.process_shard(s, convs, status)
-                except EndpointError as e:
+                except (EndpointError, VllmEngineError) as e:
                     raise GenDataError(f"{e} (finished shards are kept; rerun the same command to resume)") from None
                 rate["conv"] += len(convs)
                 rate["tok"] += stats["num_tokens"]
@@ -676,6 +722,29 @@ def check_generation_options(o: GenDataOptions):
         raise GenDataError(f"--temperature must be 0 (greedy) or positive, got {o.temperature}")
     if not 0 < o.top_p <= 1:
         raise GenDataError(f"--top-p must lie in (0, 1], got {o.top_p}")
+
+
+def check_engine_options(o: GenDataOptions, spec):
+    """--engine vllm: what it can do (capture features of a local, unquantised, unadapted target)."""
+    if o.engine not in ("hf", "vllm"):
+        raise GenDataError(f"--engine must be hf or vllm, got {o.engine!r}")
+    if o.engine == "hf":
+        if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args or o.vllm_python:
+            raise GenDataError("--tensor-parallel-size, --pipeline-parallel-size, --vllm-python and --vllm-args "
+                               "are options of --engine vllm")
+        return
+    if o.features != "offline":
+        raise GenDataError("--engine vllm captures features: --features none stores tokens only and needs no engine")
+    if o.regenerate and not o.endpoint:
+        raise GenDataError("--engine vllm captures features; regenerate through --endpoint (e.g. `vllm serve` of the "
+                           "same target) or keep the dataset's answers with --no-regenerate")
+    if spec.load_in_8bit or spec.load_in_4bit or spec.adapter or spec.gguf_file:
+        raise GenDataError("--engine vllm serves the plain target: no --load-in-8bit/4bit, --adapter or GGUF "
+                           "(use --engine hf)")
+    if not Path(spec.model).expanduser().is_dir():
+        raise GenDataError(f"--engine vllm needs the target as a local folder (got {spec.model}); download it first")
+    if o.tensor_parallel_size < 1 or o.pipeline_parallel_size < 1:
+        raise GenDataError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
 
 
 def check_template_syntax(tokenizer, name: str):

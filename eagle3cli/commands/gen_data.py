@@ -57,6 +57,18 @@ def gen_data(
     skip_disk_check: bool = typer.Option(False, "--skip-disk-check", help="Run even when the disk estimate "
                                          "exceeds the free space (the estimate is an upper bound with "
                                          "regeneration)."),
+    engine: str = typer.Option("hf", "--engine", help="What captures the features: hf (a forward in this process) "
+                               "or vllm (vLLM's extract_hidden_states, run by --vllm-python; docs/data.md)."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", envvar="EAGLE3_VLLM_PYTHON", help="Python of "
+                                              "the environment with vLLM (default: this one)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="--engine vllm: vLLM's tensor "
+                                             "parallelism."),
+    pipeline_parallel_size: int = typer.Option(1, "--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline "
+                                               "parallelism."),
+    vllm_kv_cache_gib: Optional[float] = typer.Option(None, "--vllm-kv-cache-gib", help="--engine vllm: explicit KV "
+                                                      "cache size (vLLM's kv_cache_memory_bytes)."),
+    vllm_args: Optional[str] = typer.Option(None, "--vllm-args", help="--engine vllm: more vllm.LLM keyword "
+                                            "arguments as JSON, e.g. '{\"gpu_memory_utilization\": 0.8}'."),
     revision: Optional[str] = common.Revision,
     dtype: str = common.Dtype,
     device: Optional[str] = common.Device,
@@ -73,6 +85,16 @@ def gen_data(
         layer_ids = parse_layer_ids(layers)
     except ValueError as e:
         common.fail(str(e))
+    extra_vllm = None
+    if vllm_args:
+        import json
+
+        try:
+            extra_vllm = json.loads(vllm_args)
+        except ValueError as e:
+            common.fail(f"--vllm-args is not JSON ({e})")
+        if not isinstance(extra_vllm, dict):
+            common.fail("--vllm-args must be a JSON object of vllm.LLM keyword arguments")
     spec = common.target_spec(model, revision, dtype, device, load_in_8bit, load_in_4bit, adapter, trust_remote_code)
     opts = GenDataOptions(
         out=out, data=data, format=fmt, split=split, subset=subset, streaming=streaming, max_samples=max_samples,
@@ -82,6 +104,8 @@ def gen_data(
         chat_template=str(chat_template) if chat_template else None, features=features, layers=layer_ids,
         max_length=max_length, shard_size=shard_size, shard=shard, feature_dtype=feature_dtype, overwrite=overwrite,
         dry_run=dry_run, strict=strict, show_mask=show_mask, skip_disk_check=skip_disk_check,
+        engine=engine, vllm_python=vllm_python, tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size, vllm_kv_cache_gib=vllm_kv_cache_gib, vllm_args=extra_vllm,
     )
     try:
         man = run(opts, spec, common.console)
