@@ -729,9 +729,10 @@ def check_engine_options(o: GenDataOptions, spec):
     if o.engine not in ("hf", "vllm"):
         raise GenDataError(f"--engine must be hf or vllm, got {o.engine!r}")
     if o.engine == "hf":
-        if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args or o.vllm_python:
-            raise GenDataError("--tensor-parallel-size, --pipeline-parallel-size, --vllm-python and --vllm-args "
-                               "are options of --engine vllm")
+        # (--vllm-python is not refused here: $EAGLE3_VLLM_PYTHON may be set for every run)
+        if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args:
+            raise GenDataError("--tensor-parallel-size, --pipeline-parallel-size and --vllm-args are options of "
+                               "--engine vllm")
         return
     if o.features != "offline":
         raise GenDataError("--engine vllm captures features: --features none stores tokens only and needs no engine")
