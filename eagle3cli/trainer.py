@@ -33,11 +33,10 @@ import torch
 from torch import nn
 
 from . import __version__
-from .chat_mask import template_hash
 from .errors import Eagle3Error, check_out_dir, one_line
 from .draft import DraftConfig, Eagle3Draft
 from .export import METADATA_KEY, save_draft
-from .features import FORMAT_VERSION, FeatureStore, write_json
+from .features import FeatureStore, StoreError, check_complete, check_store, write_json
 from .hf_utils import eos_token_ids
 from .layers import num_layers, parse_layer_ids, text_config
 from .target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
@@ -62,49 +61,6 @@ class TrainError(Eagle3Error):
 
 # ---- the store must match the target ---------------------------------------------------------
 
-def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
-                chat_template: str | None = None, model: str | None = None, revision: str | None = None):
-    """Refuse a store made for another target, other layers or another chat template."""
-    m = store.manifest
-    if m.get("format") != "eagle3-features" or int(m.get("version", -1)) != FORMAT_VERSION:
-        raise TrainError(f"{store.root} is not an eagle3 feature store of version {FORMAT_VERSION} "
-                         f"(format {m.get('format')!r}, version {m.get('version')!r})")
-    tc = text_config(target_config)
-    tid = (m.get("target") or {}).get("id")
-    # Multimodal wrappers (Gemma-3) report the outer or the text model_type: either matches.
-    types = {getattr(target_config, "model_type", None), getattr(tc, "model_type", None)}
-    if m.get("model_type") is not None and m["model_type"] not in types:
-        raise TrainError(f"store {store.root} was made with another target ({tid}: model_type "
-                         f"{m['model_type']}, this target has {getattr(tc, 'model_type', None)})")
-    want = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size, "num_layers": num_layers(target_config)}
-    for key, value in want.items():
-        if m.get(key) is not None and m[key] != value:
-            raise TrainError(f"store {store.root} was made with another target ({tid}: {key} {m[key]}, "
-                             f"this target has {value})")
-    stored_rev = (m.get("target") or {}).get("revision")
-    if stored_rev and revision and stored_rev != revision:
-        raise TrainError(f"store {store.root} was made with revision {stored_rev} of {tid}, --revision is {revision}")
-    if online and model:
-        # No stored features to compare against: the weight fingerprint is the identity.
-        from .gen_data import content_hash
-
-        stored_hash = (m.get("target") or {}).get("content_hash")
-        here = content_hash(model)
-        if stored_hash and here and stored_hash != here:
-            raise TrainError(f"store {store.root} was made with another target: {model}'s weights fingerprint "
-                             f"differs from the one recorded for {tid}")
-    expect = parse_layer_ids(layers)
-    if expect is not None and tuple(expect) != tuple(m.get("layer_ids", ())):
-        raise TrainError(f"store {store.root} holds layers {tuple(m.get('layer_ids', ()))}, "
-                         f"--layers asks for {tuple(expect)}: regenerate the store with those layers")
-    stored = m.get("chat_template_hash")
-    if stored and chat_template is not None and template_hash(chat_template) != stored:
-        raise TrainError(f"store {store.root} was made with another chat template (sha256 {stored[:12]}..., "
-                         f"this one {template_hash(chat_template)[:12]}...): pass --chat-template with gen-data's")
-    if not online and not store.has_features:
-        raise TrainError(f"store {store.root} holds tokens only (features 'none'): train it with --online")
-
-
 def check_settings(cfg: TrainConfig):
     """Numbers that would only show up as a NaN loss (or an overflow) many steps later."""
     for name in FLOAT_SETTINGS:
@@ -112,25 +68,6 @@ def check_settings(cfg: TrainConfig):
             raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(cfg, name)}")
     if not 0 < cfg.lr <= 1:
         raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {cfg.lr:g}")
-
-
-def check_store_ready(store: FeatureStore, allow_incomplete: bool, say) -> None:
-    """Refuse a store whose gen-data run has not finished (unless allowed: then say what is
-    missing) and one whose shards no longer match their sidecars."""
-    m = store.manifest
-    if m.get("complete") is False:
-        from .features import SHARD_DIR, sidecars
-
-        planned = int(m.get("shards_planned") or 0)
-        missing = sorted(set(range(planned)) - set(sidecars(store.root / SHARD_DIR)))
-        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        what = (f"{planned - len(missing)} of {planned} shards are done (missing: {shown})" if missing
-                else "it holds no samples")
-        if not allow_incomplete:
-            raise TrainError(f"store {store.root} is incomplete: {what}: finish it by running the same gen-data "
-                             "command again (every --shard rank), or pass --allow-incomplete to train on what is there")
-        say(f"[yellow]warning:[/] store {store.root} is incomplete ({what}); training on it (--allow-incomplete)")
-    store.verify(hash=True)  # every shard against the sha256 its sidecar recorded
 
 
 def limit_note(steps_per_epoch: int, cfg: TrainConfig) -> str:
@@ -171,7 +108,7 @@ def check_features_match(store: FeatureStore, target, layer_ids, tolerance: floa
         ref = sample[name][:n].float()
         err = float((got[0].float().cpu() - ref).norm() / ref.norm().clamp_min(1e-6))
         if err > tolerance:
-            tid = (store.manifest.get("target") or {}).get("id")
+            tid = store.meta.target_id
             raise TrainError(f"store {store.root} was made with another target or revision ({tid}): its "
                              f"'{name}' features differ from this target's by {err:.0%}")
 
@@ -426,11 +363,11 @@ class Trainer:
         self.out = Path(cfg.out)
         try:
             self.store = FeatureStore(cfg.data)
-        except FileNotFoundError as e:
+            check_complete(self.store, cfg.allow_incomplete, self._say)
+        except (FileNotFoundError, StoreError) as e:
             raise TrainError(str(e)) from None
-        check_store_ready(self.store, cfg.allow_incomplete, self._say)
-        m = self.store.manifest
-        self.model_id = cfg.model or (m.get("target") or {}).get("id")
+        m = self.store.meta
+        self.model_id = cfg.model or m.target_id
         if not self.model_id:
             raise TrainError("--model is required (the store's manifest names no target)")
         spec = TargetSpec(model=self.model_id, revision=cfg.revision, dtype=cfg.dtype,
@@ -441,9 +378,12 @@ class Trainer:
             self.target_config = load_config(spec)
         except (OSError, ValueError) as e:
             raise TrainError(f"cannot load target {self.model_id}: {e}") from None
-        check_store(self.store, self.target_config, online=cfg.online, layers=cfg.layers,
-                    chat_template=self._chat_template(spec), model=self.model_id, revision=cfg.revision)
-        self.layer_ids = tuple(int(j) for j in m["layer_ids"])
+        try:
+            check_store(self.store, self.target_config, online=cfg.online, layers=cfg.layers,
+                        chat_template=self._chat_template(spec), model=self.model_id, revision=cfg.revision)
+        except StoreError as e:
+            raise TrainError(str(e)) from None
+        self.layer_ids = m.layer_ids
         try:
             self.warm_parts = warm_start.parse_parts(cfg.warm_start)
         except warm_start.WarmStartError as e:
@@ -468,7 +408,7 @@ class Trainer:
             template = None
         if isinstance(template, dict):  # named templates: apply_chat_template uses "default"
             template = template.get("default")
-        if not template and self.store.manifest.get("chat_template_hash"):
+        if not template and self.store.meta.chat_template_hash:
             self._say("[yellow]warning:[/] the target has no chat template of its own: pass gen-data's "
                       "--chat-template to check the store against it")
         return template or None
@@ -501,11 +441,11 @@ class Trainer:
         self._embed = input_embeddings(self.target).weight.detach()
         self._warm = warm_start.target_parts(self.target, self.warm_parts)
 
-    def _build_draft(self, m: dict):
+    def _build_draft(self, m):
         cfg = self.cfg
         vocab_size = output_head(self.head if self.target is None else self.target).weight.shape[0]
         counts = self.store.token_counts(vocab_size)
-        end_ids = m.get("end_token_ids") or _as_list(getattr(text_config(self.target_config), "eos_token_id", None))
+        end_ids = list(m.end_token_ids) or _as_list(getattr(text_config(self.target_config), "eos_token_id", None))
         try:
             self.vocab = build_vocab(counts, cfg.draft_vocab_size, cfg.vocab_coverage, end_ids)
         except ValueError as e:
@@ -739,14 +679,13 @@ class Trainer:
 
     # -- output --
     def metadata(self, step: int, metrics: dict) -> dict:
-        cfg, m = self.cfg, self.store.manifest
-        target = m.get("target") or {}
-        src = m.get("source") or {}
+        cfg, m = self.cfg, self.store.meta
+        src = m.source
         datasets = src.get("datasets") or ([src["dataset"]] if isinstance(src.get("dataset"), str) else [])
         datasets = datasets or hub_datasets(src.get("data"))
         return {
-            "target": self.model_id, "target_revision": cfg.revision or target.get("revision"),
-            "chat_template_hash": m.get("chat_template_hash"), "layer_ids": list(self.layer_ids),
+            "target": self.model_id, "target_revision": cfg.revision or m.target_revision,
+            "chat_template_hash": m.chat_template_hash, "layer_ids": list(self.layer_ids),
             "data": data_description(src), "num_samples": len(self.train_idx),
             "num_tokens": int(sum(self.lengths[i] for i in self.train_idx)), "steps": step,
             "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
