@@ -21,7 +21,7 @@ stored final hidden state with the target's frozen LM head, chunk by chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +134,15 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return SoftCrossEntropy.apply(logits, p)
 
 
+class TTTOutput(NamedTuple):
+    """What one unroll returns: the loss to back-propagate and per-step statistics [S] (detached)."""
+
+    loss: torch.Tensor        # scalar: sum_s decay^s * loss_s
+    step_loss: torch.Tensor   # [S] loss_s, averaged over the counted positions of step s
+    correct: torch.Tensor     # [S] positions whose draft argmax equals the target's
+    counted: torch.Tensor     # [S] loss-masked positions predicted at step s
+
+
 class TTTModel(nn.Module):
     """The draft wrapped for training: forward = the S-step unroll, returning loss and stats.
 
@@ -148,8 +157,8 @@ class TTTModel(nn.Module):
         self.decay = decay
         self.attention = attention
 
-    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index):
-        """Returns (loss, step_loss [S], correct [S], counted [S]); the last three detached.
+    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index) -> TTTOutput:
+        """Returns a TTTOutput (loss, step_loss [S], correct [S], counted [S]); the last three detached.
 
         loss = sum_s decay^s * loss_s, loss_s = soft cross-entropy vs the teacher averaged over
         the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
@@ -169,7 +178,7 @@ class TTTModel(nn.Module):
             step_loss.append(loss_s.detach())
             correct.append((logits.detach().argmax(-1) == teacher_index[rows, cols + 1 + s]).sum())
             counted.append(torch.tensor(n, device=logits.device))
-        return total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted)
+        return TTTOutput(total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted))
 
 
 def acceptance_length(acc: list[float]) -> float:

@@ -139,7 +139,8 @@ def test_the_feature_store_contract_has_one_home():
     """issue 14 item 2: features.py owns the store (format, manifest, checks, fingerprints);
     the trainer reads stores without importing the gen-data pipeline."""
     graph = import_graph()
-    trainer_side = {m for m in graph if m == "eagle3cli.trainer" or m.startswith("eagle3cli.training")}
+    trainer_side = ["eagle3cli.trainer", "eagle3cli.batching", "eagle3cli.checkpoints", "eagle3cli.train_report",
+                    "eagle3cli.train_config"]
     for m in trainer_side:
         assert "eagle3cli.gen_data" not in graph[m], m
     literal = '"eagle3-features"'
@@ -150,3 +151,14 @@ def test_the_feature_store_contract_has_one_home():
     for name in ("FORMAT", "new_manifest", "write_manifest", "read_manifest", "check_store", "check_complete",
                  "content_hash", "data_fingerprint"):
         assert hasattr(features, name), name
+
+
+def test_trainer_split_by_concern():
+    """issue 14 item 3: the Trainer class reads in one sitting; the TTT outputs are named."""
+    import inspect
+
+    from eagle3cli import trainer, ttt
+
+    lines = len(inspect.getsource(trainer.Trainer).splitlines())
+    assert lines <= 270, lines
+    assert ttt.TTTOutput._fields == ("loss", "step_loss", "correct", "counted")
