@@ -22,6 +22,7 @@ train_log.jsonl, trackers, the live view and the summary). This module is the se
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import time
@@ -173,7 +174,8 @@ class TargetParts:
     warm: dict
 
 
-def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, warm_parts, device) -> TargetParts:
+def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, target_config, warm_parts,
+                      device) -> TargetParts:
     if cfg.load_in_8bit or cfg.load_in_4bit:  # --online only (TrainConfig.validate)
         warnings.warn("the target is loaded quantized: its features differ slightly from the served "
                       "full-precision model's, so acceptance may be a little lower", stacklevel=2)
@@ -181,15 +183,32 @@ def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, w
         target = load_target(spec)
         return TargetParts(target, target, input_embeddings(target).weight.detach(),
                            warm_start.target_parts(target, warm_parts))
-    # Offline: the decoder is only needed for one consistency probe, on the CPU.
-    # auto: fp32 when training on the CPU, bf16 (half the host memory) for a GPU run.
+    # Offline: the decoder is only needed for one consistency probe, on the CPU. The head (the
+    # teacher's) is kept in the training dtype, auto: fp32 when training on the CPU, bf16 (half the
+    # host memory) for a GPU run. A bf16 checkpoint is loaded as stored and only its head cast up:
+    # the same values as loading it all in fp32, without a transient fp32 copy of the decoder
+    # (not with a head/layer warm start: those copy norms computed in the loaded dtype).
     dtype = spec.dtype if spec.dtype != "auto" else ("float32" if device.type == "cpu" else "bfloat16")
-    model = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": dtype}))
+    as_stored = spec.dtype == "auto" and stored_dtype(target_config) == "bfloat16" and not {"head", "layer"} & set(
+        warm_parts)
+    load_dtype = "bfloat16" if as_stored else dtype
+    model = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": load_dtype}))
     check_features_match(store, model, store.meta.layer_ids)
-    parts = TargetParts(None, TargetHead(model).to(device), input_embeddings(model).weight.detach(),
-                        warm_start.target_parts(model, warm_parts))
+    head = TargetHead(model).to(device, getattr(torch, dtype))
+    parts = TargetParts(None, head, input_embeddings(model).weight.detach(), warm_start.target_parts(model, warm_parts))
     del model
+    gc.collect()  # HF models hold reference cycles: free the decoder now, not at some later collection
     return parts
+
+
+def stored_dtype(config) -> str | None:
+    """The dtype a checkpoint's weights are stored in (config ``dtype``/``torch_dtype``), by name."""
+    tc = text_config(config)
+    for c in (config, tc):
+        value = getattr(c, "dtype", None) or getattr(c, "torch_dtype", None)
+        if value is not None:
+            return str(value).replace("torch.", "")
+    return None
 
 
 def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say):
@@ -285,7 +304,7 @@ class Trainer:
         self.layer_ids = m.layer_ids
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
-            parts = load_target_parts(cfg, spec, self.store, warm_parts, self.acc.device)
+            parts = load_target_parts(cfg, spec, self.store, self.target_config, warm_parts, self.acc.device)
             self.target, self.head = parts.target, parts.head
             self.draft, self.vocab = build_draft(cfg, self.store, self.target_config, parts, warm_parts, self._say)
         except warm_start.WarmStartError as e:
@@ -413,6 +432,7 @@ class Trainer:
             sync = contextlib.nullcontext() if mi == len(group) - 1 else acc.no_sync(model)
             with sync, acc.autocast():
                 out = model(*args)
+                del args  # the teacher [tokens x draft vocab] is only read by the forward (ttt.HeadSoftCrossEntropy)
                 if not torch.isfinite(out.loss):
                     bad += 1
                 acc.backward(out.loss / len(group))
