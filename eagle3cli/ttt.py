@@ -118,12 +118,15 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     to_draft = torch.full((vocab,), -1, dtype=torch.long, device=final.device)
     to_draft[vocab_ids] = torch.arange(vocab_ids.numel(), device=final.device)
     chunk = max(1, max_elements // vocab)
-    probs, index = [], []
+    # Filled in place: a list of chunks and its concatenation would hold the [tokens x draft
+    # vocab] result twice at once.
+    probs = torch.empty(b * t, vocab_ids.numel(), dtype=torch.float32, device=final.device)
+    index = torch.empty(b * t, dtype=torch.long, device=final.device)
     for i in range(0, flat.shape[0], chunk):
         logits = lm_logits(target, flat[i:i + chunk]).float()
-        index.append(to_draft[logits.argmax(-1)])
-        probs.append(torch.softmax(logits[:, vocab_ids], dim=-1))
-    return Teacher(torch.cat(probs).view(b, t, -1), torch.cat(index).view(b, t))
+        index[i:i + chunk] = to_draft[logits.argmax(-1)]
+        probs[i:i + chunk] = torch.softmax(logits[:, vocab_ids], dim=-1)
+    return Teacher(probs.view(b, t, -1), index.view(b, t))
 
 
 class SoftCrossEntropy(torch.autograd.Function):
