@@ -22,7 +22,8 @@ import torch
 from eagle3cli.features import shard_name, write_json, write_shard
 from eagle3cli.layers import choose_layers
 from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import template_hash, train
+from eagle3cli.chat_mask import template_hash
+from eagle3cli.trainer import train
 
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "train" / "gsm8k_train.jsonl"

@@ -20,7 +20,6 @@ with different settings is refused unless ``overwrite``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -34,8 +33,9 @@ from .errors import Eagle3Error, check_out_dir
 from .chat_mask import (MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash,
                         tokenize_conversation)
 from .hf_utils import eos_token_ids, text_config
-from .features import (FORMAT_VERSION, MANIFEST, SHARD_DIR, file_sha256, shard_name, shard_problem, sidecars,
-                       write_json, write_shard)
+from .features import (MANIFEST, SHARD_DIR, content_hash, data_fingerprint, file_sha256, finished_shards,
+                       new_manifest, shard_name, shard_problem, write_json, write_manifest, write_shard)
+from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
 from .sources import Conversation, load_conversations, with_system
 
 REGEN_DIR = "regenerated"
@@ -131,28 +131,6 @@ def bytes_per_token(hidden: int, features: str) -> int:
     return (3 + 1) * hidden * BYTES_PER_VALUE + 5 if features == "offline" else 5
 
 
-def content_hash(model: str, gguf_file: str | None = None) -> str | None:
-    """A cheap fingerprint of a local target: config plus each weight file's name, size and
-    safetensors header (shapes and offsets); None for Hub ids (the revision identifies them)."""
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return None
-    h = hashlib.sha256()
-    cfg = path / "config.json"
-    if cfg.exists():
-        h.update(cfg.read_bytes())
-    for f in sorted(path.iterdir()):
-        if f.suffix not in (".safetensors", ".bin", ".gguf", ".pt") or (gguf_file and f.name != gguf_file
-                                                                         and f.suffix == ".gguf"):
-            continue
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-        if f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                h.update(fh.read(min(n, 1 << 24)))
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------- samples
 
 
@@ -228,15 +206,6 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
     }
 
 
-def data_fingerprint(data: str) -> str | None:
-    """sha256 of a local data file's content (a same-size edit must not reuse old shards);
-    None for Hub datasets."""
-    p = Path(data).expanduser()
-    if p.is_file():
-        return "sha256:" + file_sha256(p)
-    return None
-
-
 def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: int = 1):
     """Start, resume or (with overwrite) replace a store; refuse to mix different runs."""
     mpath = out / MANIFEST
@@ -267,48 +236,6 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: in
         return "overwrite"
     out.mkdir(parents=True, exist_ok=True)
     return "new"
-
-
-def finished_shards(out: Path) -> dict[int, Path]:
-    """Global shard index -> its sidecar, for every finished shard (any rank wrote it)."""
-    return sidecars(out / SHARD_DIR)
-
-
-def aggregate(out: Path, base: dict, n_shards: int) -> dict:
-    """The manifest: base fields plus totals over every finished shard's sidecar."""
-    man = dict(base)
-    totals = Counter()
-    skipped = Counter(base.get("skipped") or {})
-    ends = set(base.get("end_token_ids") or [])
-    regen = Counter()
-    done = finished_shards(out)
-    for side in done.values():
-        s = json.loads(side.read_text())
-        for k in ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes"):
-            totals[k] += s[k]
-        totals["unlearned_answers"] += s.get("unlearned_answers", 0)
-        skipped.update(s["skipped"])
-        ends.update(s["end_token_ids"])
-        regen.update(s.get("regeneration") or {})
-    for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers"):
-        man[k] = totals[k]
-    man["skipped"] = dict(skipped)
-    man["end_token_ids"] = sorted(ends)
-    man["source"] = dict(man["source"], regeneration=dict(regen) if regen else None)
-    man["shards_planned"] = n_shards
-    man["shards_done"] = len(done)
-    man["complete"] = len(done) == n_shards and totals["num_samples"] > 0  # an empty store is no result
-    return man
-
-
-def write_manifest(out: Path, base: dict, n_shards: int) -> dict:
-    """Rewrite until stable: several ranks may finish shards at the same moment."""
-    while True:
-        before = len(finished_shards(out))
-        man = aggregate(out, base, n_shards)
-        write_json(out / MANIFEST, man)
-        if len(finished_shards(out)) == before:
-            return man
 
 
 # ---------------------------------------------------------------- regeneration per shard
@@ -433,26 +360,23 @@ class Pipeline:
         return tokens, tokens * bytes_per_token(self.hidden, o.features)
 
     def base_manifest(self, settings: dict) -> dict:
+        """The manifest's fixed fields (features.new_manifest; totals come from the sidecars)."""
         o = self.opts
-        vocab = getattr(text_config(self.config), "vocab_size", None)
-        return {
-            "format": "eagle3-features", "version": FORMAT_VERSION,
-            "target": {"id": self.spec.model, "revision": self.spec.revision,
-                       "content_hash": content_hash(self.spec.model, self.spec.gguf_file)},
-            "model_type": getattr(self.config, "model_type", None), "hidden_size": self.hidden,
-            "vocab_size": vocab, "num_layers": self.layers.n_layers, "layer_ids": list(self.layers.ids),
-            "features": o.features, "dtype": o.feature_dtype, "chat_template_hash": self.template_sha,
-            "max_length": o.max_length, "num_samples": 0, "num_tokens": 0, "num_masked_tokens": 0, "bytes": 0,
-            "truncated": 0, "skipped": dict(self.report.skipped), "end_token_ids": sorted(self.end_ids),
-            "source": {"data": o.data, "format": self.report.format, "split": o.split, "subset": o.subset,
-                       "rows_read": self.report.rows, "conversations": len(self.convs),
-                       "regenerated": o.regenerate, "endpoint": o.endpoint,
-                       "generation": {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature,
-                                      "top_p": o.top_p, "system": o.system} if o.regenerate else None,
-                       "seed": o.seed, "shuffle": o.shuffle, "max_samples": o.max_samples},
-            "eagle3_version": __version__,
-            "run": settings,
-        }
+        return new_manifest(
+            target={"id": self.spec.model, "revision": self.spec.revision,
+                    "content_hash": content_hash(self.spec.model, self.spec.gguf_file)},
+            model_type=getattr(self.config, "model_type", None), hidden_size=self.hidden,
+            vocab_size=getattr(text_config(self.config), "vocab_size", None), num_layers=self.layers.n_layers,
+            layer_ids=self.layers.ids, features=o.features, dtype=o.feature_dtype,
+            chat_template_hash=self.template_sha, max_length=o.max_length, skipped=self.report.skipped,
+            end_token_ids=self.end_ids,
+            source={"data": o.data, "format": self.report.format, "split": o.split, "subset": o.subset,
+                    "rows_read": self.report.rows, "conversations": len(self.convs),
+                    "regenerated": o.regenerate, "endpoint": o.endpoint,
+                    "generation": {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature,
+                                   "top_p": o.top_p, "system": o.system} if o.regenerate else None,
+                    "seed": o.seed, "shuffle": o.shuffle, "max_samples": o.max_samples},
+            version=__version__, run=settings)
 
     def show_masks(self, convs: list[Conversation], n: int):
         from rich.rule import Rule

@@ -13,12 +13,15 @@ This module imports neither torch nor transformers (the CLI builds its flags fro
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .errors import Eagle3Error
 
 # model_type (config.json) -> recipe name.
 FAMILIES = {
@@ -30,6 +33,17 @@ FAMILIES = {
     "phi": "phi", "phi3": "phi", "phimoe": "phi",
 }
 META_KEYS = {"description"}  # recipe keys that are not settings
+# Numbers that would only show up as a NaN loss (or an overflow) many steps later.
+FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
+                  "val_fraction")
+AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints")
+# accelerate tracker name -> the packages that provide it.
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+
+
+class TrainError(Eagle3Error):
+    """A user-facing problem, reported as one line."""
 
 
 def _f(default, help: str):
@@ -105,6 +119,40 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def validate(self) -> list[str]:
+        """Refuse flag values that cannot train, before anything is loaded; returns the
+        --report-to tracker names (each known and installed)."""
+        if self.data is None:
+            raise TrainError("--data is required (a folder written by `eagle3 gen-data`)")
+        for name in FLOAT_SETTINGS:
+            if not math.isfinite(getattr(self, name)):
+                raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+        if not 0 < self.lr <= 1:
+            raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {self.lr:g}")
+        for name in AT_LEAST_ONE:
+            if getattr(self, name) < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.val_fraction < 1:
+            raise TrainError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        if (self.load_in_8bit or self.load_in_4bit) and not self.online:
+            raise TrainError("--load-in-8bit/--load-in-4bit only apply to --online training "
+                             "(offline training uses the stored features)")
+        return check_trackers(self.report_to)
+
+
+def check_trackers(report_to: str | None) -> list[str]:
+    """--report-to names, each known and installed (accelerate would silently drop the others)."""
+    import importlib.util
+
+    names = [t.strip().lower() for t in (report_to or "").split(",") if t.strip()]
+    for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise TrainError(f"--report-to {name}: unknown tracker; choose from {', '.join(TRACKER_PACKAGES)}")
+        if not any(importlib.util.find_spec(p) for p in TRACKER_PACKAGES[name]):
+            raise TrainError(f"--report-to {name} needs the {TRACKER_PACKAGES[name][0]} package: "
+                             f"pip install {TRACKER_PACKAGES[name][0]}")
+    return names
 
 
 def field_types() -> dict[str, type]:

@@ -21,11 +21,12 @@ stored final hidden state with the target's frozen LM head, chunk by chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .target import lm_logits, output_head
 
@@ -49,7 +50,7 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list) -> torch.Tensor:
     t = q.shape[-2]
     causal = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
     future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    causal = causal.masked_fill(future, float("-inf"))
+    causal.masked_fill_(future, float("-inf"))  # in place: one [B,h,T,T] tensor fewer at a time
     # Per-position dot products with the same position's key at each later step: [B,h,T,s].
     diag = torch.stack([(q * k).sum(-1) for k in keys[1:]], dim=-1) * scale
     probs = torch.softmax(torch.cat([causal, diag], dim=-1).float(), dim=-1).to(q.dtype)
@@ -59,22 +60,39 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list) -> torch.Tensor:
 
 
 def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
-                attention: Attention = ttt_attention) -> Iterator[torch.Tensor]:
-    """Yield the draft's output stream a^s [B,T,H] for s = 0..steps-1."""
+                attention: Attention = ttt_attention, recompute: bool = True) -> Iterator[torch.Tensor]:
+    """Yield the draft's output stream a^s [B,T,H] for s = 0..steps-1.
+
+    With ``recompute`` (and gradients on), each step's layer is checkpointed: the backward keeps
+    only its inputs and outputs (the streams, this step's keys and values) and recomputes the
+    [B,h,T,T] attention scores and [tokens x intermediate] MLP activations of one step at a time,
+    instead of holding them for all S steps at once (same values: the recomputation is exact).
+    """
     layer = draft.midlayer
     attn = layer.self_attn
     b, t = input_ids.shape
     hidden = draft.fuse(aux)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys, values = [], []
-    for s in range(steps):
-        emb = draft.embed_tokens(shift_left(input_ids, 1 + s)).to(hidden.dtype)
+
+    def one_step(s: int, emb, hidden, *past):
         x = layer.attn_input(emb, hidden)
         cos, sin = draft.rotary(positions + s, x.dtype)
         q, k, v = attn.qkv(x, cos, sin)
-        keys.append(attn.expand_kv(k))
-        values.append(attn.expand_kv(v))
-        a = draft.output(layer.finish(attn.out(attention(q, keys, values)), hidden))  # norm(a) with norm_output
+        k, v = attn.expand_kv(k), attn.expand_kv(v)
+        n = len(past) // 2
+        out = attention(q, [*past[:n], k], [*past[n:], v])
+        return draft.output(layer.finish(attn.out(out), hidden)), k, v  # norm(a) with norm_output
+
+    for s in range(steps):
+        emb = draft.embed_tokens(shift_left(input_ids, 1 + s)).to(hidden.dtype)
+        if recompute and torch.is_grad_enabled():
+            a, k, v = checkpoint(one_step, s, emb, hidden, *keys, *values, use_reentrant=False,
+                                 preserve_rng_state=False)
+        else:
+            a, k, v = one_step(s, emb, hidden, *keys, *values)
+        keys.append(k)
+        values.append(v)
         yield a
         hidden = a  # the next step is fed the draft's own output, not the target's
 
@@ -100,12 +118,15 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     to_draft = torch.full((vocab,), -1, dtype=torch.long, device=final.device)
     to_draft[vocab_ids] = torch.arange(vocab_ids.numel(), device=final.device)
     chunk = max(1, max_elements // vocab)
-    probs, index = [], []
+    # Filled in place: a list of chunks and its concatenation would hold the [tokens x draft
+    # vocab] result twice at once.
+    probs = torch.empty(b * t, vocab_ids.numel(), dtype=torch.float32, device=final.device)
+    index = torch.empty(b * t, dtype=torch.long, device=final.device)
     for i in range(0, flat.shape[0], chunk):
         logits = lm_logits(target, flat[i:i + chunk]).float()
-        index.append(to_draft[logits.argmax(-1)])
-        probs.append(torch.softmax(logits[:, vocab_ids], dim=-1))
-    return Teacher(torch.cat(probs).view(b, t, -1), torch.cat(index).view(b, t))
+        index[i:i + chunk] = to_draft[logits.argmax(-1)]
+        probs[i:i + chunk] = torch.softmax(logits[:, vocab_ids], dim=-1)
+    return Teacher(probs.view(b, t, -1), index.view(b, t))
 
 
 class SoftCrossEntropy(torch.autograd.Function):
@@ -134,6 +155,68 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return SoftCrossEntropy.apply(logits, p)
 
 
+class HeadSoftCrossEntropy(torch.autograd.Function):
+    """sum over rows of softCE(h @ W^T, p): the LM head and the loss fused, chunk by chunk.
+
+    ``p`` rows are gathered from the teacher tensor per chunk (``probs[rows, cols]``), and the
+    gradients w.r.t. ``h`` and ``W`` are computed in the forward (d loss / dz = softmax(z) - p),
+    so no [rows x vocab] tensor outlives its chunk: an S-step unroll keeps S x ([rows, H] + [V, H])
+    instead of S x 2 x [rows, V] (logits and p) until backward. Backward only scales the stored
+    gradients by the incoming scalar. Returns (loss_sum, argmax of each row's logits).
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, probs, rows, cols, want_grad: bool, max_elements: int):
+        n, vocab = h.shape[0], weight.shape[0]
+        chunk = max(1, max_elements // max(1, vocab))
+        need_h, need_w = want_grad and ctx.needs_input_grad[0], want_grad and ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        preds = []
+        for i in range(0, n, chunk):
+            hc = h[i:i + chunk]
+            z = F.linear(hc, weight).float()
+            p = probs[rows[i:i + chunk], cols[i:i + chunk]]
+            lse = torch.logsumexp(z, dim=-1)
+            loss += (lse - torch.linalg.vecdot(p, z)).sum()
+            preds.append(z.argmax(-1))
+            if need_h or need_w:
+                g = z.sub_(lse[:, None]).exp_().sub_(p)  # softmax(z) - p, in z's storage
+                if need_h:
+                    grad_h[i:i + chunk] = torch.matmul(g, weight.to(g.dtype)).to(h.dtype)
+                if need_w:
+                    grad_w += torch.matmul(g.t(), hc.to(g.dtype)).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        pred = torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long, device=h.device)
+        ctx.mark_non_differentiable(pred)
+        return loss, pred
+
+    @staticmethod
+    def backward(ctx, grad, _grad_pred):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_w * grad).to(ctx.weight_dtype) if grad_w is not None else None
+        return gh, gw, None, None, None, None, None
+
+
+def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
+                            cols: torch.Tensor, max_elements: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_r softCE(h[r] @ W^T, probs[rows[r], cols[r]]), argmax_r): see HeadSoftCrossEntropy."""
+    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return HeadSoftCrossEntropy.apply(h, weight, probs, rows, cols, want_grad, max_elements)
+
+
+class TTTOutput(NamedTuple):
+    """What one unroll returns: the loss to back-propagate and per-step statistics [S] (detached)."""
+
+    loss: torch.Tensor        # scalar: sum_s decay^s * loss_s
+    step_loss: torch.Tensor   # [S] loss_s, averaged over the counted positions of step s
+    correct: torch.Tensor     # [S] positions whose draft argmax equals the target's
+    counted: torch.Tensor     # [S] loss-masked positions predicted at step s
+
+
 class TTTModel(nn.Module):
     """The draft wrapped for training: forward = the S-step unroll, returning loss and stats.
 
@@ -141,15 +224,17 @@ class TTTModel(nn.Module):
     and synchronise gradients.
     """
 
-    def __init__(self, draft, steps: int = 7, decay: float = 0.8, attention: Attention = ttt_attention):
+    def __init__(self, draft, steps: int = 7, decay: float = 0.8, attention: Attention = ttt_attention,
+                 recompute: bool = True):
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
         self.attention = attention
+        self.recompute = recompute  # checkpoint each step's layer (ttt_streams)
 
-    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index):
-        """Returns (loss, step_loss [S], correct [S], counted [S]); the last three detached.
+    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index) -> TTTOutput:
+        """Returns a TTTOutput (loss, step_loss [S], correct [S], counted [S]); the last three detached.
 
         loss = sum_s decay^s * loss_s, loss_s = soft cross-entropy vs the teacher averaged over
         the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
@@ -157,19 +242,21 @@ class TTTModel(nn.Module):
         """
         total = 0.0
         step_loss, correct, counted = [], [], []
-        streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention)
+        streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention, self.recompute)
         for s, a in enumerate(streams):
             # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
             rows, cols = shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True)
-            logits = self.draft.logits(a[rows, cols]).float()
-            p = teacher_probs[rows, cols + 1 + s]  # gathers only the rows used, no shifted copy
+            # Head and loss fused: the teacher rows used are gathered chunk by chunk (no shifted
+            # copy) and no [rows x vocab] logits are kept for the backward.
+            loss_sum, pred = head_soft_cross_entropy(self.draft.norm(a[rows, cols]), self.draft.lm_head.weight,
+                                                     teacher_probs, rows, cols + 1 + s)
             n = rows.numel()
-            loss_s = soft_cross_entropy(logits, p).sum() / max(n, 1)
+            loss_s = loss_sum / max(n, 1)
             total = total + (self.decay ** s) * loss_s
             step_loss.append(loss_s.detach())
-            correct.append((logits.detach().argmax(-1) == teacher_index[rows, cols + 1 + s]).sum())
-            counted.append(torch.tensor(n, device=logits.device))
-        return total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted)
+            correct.append((pred == teacher_index[rows, cols + 1 + s]).sum())
+            counted.append(torch.tensor(n, device=loss_sum.device))
+        return TTTOutput(total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted))
 
 
 def acceptance_length(acc: list[float]) -> float:

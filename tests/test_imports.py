@@ -133,3 +133,32 @@ def test_import_graph_has_no_cycle():
 def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_feature_store_contract_has_one_home():
+    """issue 14 item 2: features.py owns the store (format, manifest, checks, fingerprints);
+    the trainer reads stores without importing the gen-data pipeline."""
+    graph = import_graph()
+    trainer_side = ["eagle3cli.trainer", "eagle3cli.batching", "eagle3cli.checkpoints", "eagle3cli.train_report",
+                    "eagle3cli.train_config"]
+    for m in trainer_side:
+        assert "eagle3cli.gen_data" not in graph[m], m
+    literal = '"eagle3-features"'
+    holders = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if literal in p.read_text())
+    assert holders == ["eagle3cli.features"], holders
+    from eagle3cli import features
+
+    for name in ("FORMAT", "new_manifest", "write_manifest", "read_manifest", "check_store", "check_complete",
+                 "content_hash", "data_fingerprint"):
+        assert hasattr(features, name), name
+
+
+def test_trainer_split_by_concern():
+    """issue 14 item 3: the Trainer class reads in one sitting; the TTT outputs are named."""
+    import inspect
+
+    from eagle3cli import trainer, ttt
+
+    lines = len(inspect.getsource(trainer.Trainer).splitlines())
+    assert lines <= 270, lines
+    assert ttt.TTTOutput._fields == ("loss", "step_loss", "correct", "counted")

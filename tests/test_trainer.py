@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from eagle3cli.export import METADATA_KEY, read_config
 from eagle3cli.features import shard_name, write_json, write_shard
-from eagle3cli.gen_data import content_hash
+from eagle3cli.features import content_hash
 from eagle3cli.inspector import inspect_draft
 from eagle3cli.layers import default_layer_ids
 from eagle3cli.target import capture

@@ -129,3 +129,44 @@ def test_fused_soft_cross_entropy_matches_autograd():
     q = torch.softmax(torch.randn(3, 6, dtype=torch.float64), -1)
     assert torch.autograd.gradcheck(lambda x: soft_cross_entropy(x, q),
                                     (torch.randn(3, 6, dtype=torch.float64, requires_grad=True),))
+
+
+def test_fused_head_loss_matches_logits_then_loss():
+    """head_soft_cross_entropy == soft CE of F.linear(h, W) against probs[rows, cols]: the loss,
+    the argmax and the gradients w.r.t. h and W, with chunks smaller than the rows."""
+    import torch.nn.functional as F
+
+    from eagle3cli.ttt import head_soft_cross_entropy
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    probs = torch.softmax(torch.randn(2, 30, 50, generator=g) * 2, -1)
+    rows, cols = torch.randint(0, 2, (37,), generator=g), torch.randint(0, 30, (37,), generator=g)
+    ref_logits = F.linear(h, w)
+    ref = soft_cross_entropy(ref_logits, probs[rows, cols]).sum()
+    ref_gh, ref_gw = torch.autograd.grad(3.0 * ref, (h, w))
+    loss, pred = head_soft_cross_entropy(h, w, probs, rows, cols, max_elements=50 * 8)
+    gh, gw = torch.autograd.grad(3.0 * loss, (h, w))
+    torch.testing.assert_close(loss, ref)
+    assert torch.equal(pred, ref_logits.argmax(-1))
+    torch.testing.assert_close(gh, ref_gh)
+    torch.testing.assert_close(gw, ref_gw)
+    with torch.no_grad():  # evaluation: no gradients computed, same loss
+        torch.testing.assert_close(head_soft_cross_entropy(h, w, probs, rows, cols)[0], ref.detach())
+
+
+def test_recomputed_steps_give_the_same_loss_and_grads():
+    """Checkpointing each TTT step (the default, for memory) changes no value."""
+    draft = make_draft()
+    batch = random_batch(draft_vocab_ids=draft.d2t)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    outs, grads = [], []
+    for recompute in (True, False):
+        out = TTTModel(draft, steps=5, decay=0.8, recompute=recompute)(*batch)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.loss, params))
+    torch.testing.assert_close(outs[0].loss, outs[1].loss, atol=0, rtol=0)
+    assert torch.equal(outs[0].correct, outs[1].correct) and torch.equal(outs[0].counted, outs[1].counted)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -46,13 +46,14 @@ def _model_type(flags: dict) -> str | None:
     from pathlib import Path
 
     if flags.get("data"):
-        manifest = Path(flags["data"]) / "manifest.json"
-        if not manifest.exists():
-            fail(f"{flags['data']} is not a feature store (no manifest.json): run `eagle3 gen-data` first")
+        from ..features import MANIFEST, StoreError, read_manifest
+
+        if not (Path(flags["data"]) / MANIFEST).exists():
+            fail(f"{flags['data']} is not a feature store (no {MANIFEST}): run `eagle3 gen-data` first")
         try:
-            return json.loads(manifest.read_text()).get("model_type")
-        except ValueError as e:
-            fail(f"{manifest} is not valid JSON ({e}): run the same gen-data command again")
+            return read_manifest(flags["data"]).model_type
+        except StoreError as e:
+            fail(str(e))
     if flags.get("model"):
         from ..layers import text_config
         from ..target import TargetSpec, load_config
