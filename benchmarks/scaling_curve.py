@@ -73,16 +73,21 @@ def held_out(log: Path) -> list[float]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--store", required=True, type=Path)
+    ap.add_argument("--model")
+    ap.add_argument("--store", type=Path)
+    ap.add_argument("--report-from", type=Path, help="print the table and draw the PNG of a scaling.json")
     ap.add_argument("--shards", default="1,2,4,8")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--questions", required=True, type=Path)
+    ap.add_argument("--questions", type=Path)
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tree-for", default="", help="sizes (shard counts) that also get a tree eval, e.g. 8")
     args = ap.parse_args()
+    if args.report_from:
+        return report_from(args.report_from, args.out / "scaling.png")
+    if not (args.model and args.store and args.questions):
+        ap.error("--model, --store and --questions are required (or --report-from)")
     args.out.mkdir(parents=True, exist_ok=True)
     qfile = args.out / "questions.jsonl"
     nq = questions_file(args.questions, args.every, qfile)
@@ -106,8 +111,14 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
         (args.out / "scaling.json").write_text(json.dumps({"questions": nq, "epochs": args.epochs, "train": TRAIN,
+                                                           "max_new_tokens": args.max_new_tokens,
                                                            "rows": rows}, indent=1))
-    print(f"\n{nq} mt_bench first turns, {args.max_new_tokens} new tokens, greedy; {args.epochs} epochs each\n")
+    report(rows, nq, args.epochs, args.max_new_tokens, args.out / "scaling.png")
+
+
+def report(rows: list[dict], nq: int, epochs: int, max_new: int, png: Path):
+    """The markdown table, and the PNG of tau against data (if matplotlib is installed)."""
+    print(f"\n{nq} mt_bench first turns, {max_new} new tokens, greedy; {epochs} epochs each\n")
     print("| data | samples | train s | held-out acc_0 | chain-3 tau | speedup | tree tau | lossless |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -124,14 +135,23 @@ def main():
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([r["samples"] for r in rows], [r["chain_tau"] for r in rows], "o-", label="chain-3 tau (mt_bench)")
+    trees = [r for r in rows if "tree_tau" in r]
+    if trees:
+        ax.plot([r["samples"] for r in trees], [r["tree_tau"] for r in trees], "s", label="tree tau")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("regenerated training conversations")
+    ax.set_xlabel("regenerated training samples")
     ax.set_ylabel("tau (tokens per target forward)")
-    ax.set_title(f"SmolLM2-135M draft, {args.epochs} epochs each")
+    ax.set_title(f"SmolLM2-135M draft, {epochs} epochs each")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out / "scaling.png", dpi=120)
+    fig.savefig(png, dpi=110)
+
+
+def report_from(path: Path, png: Path):
+    """``--report-from scaling.json``: table and PNG of a finished (or stopped) run."""
+    d = json.loads(path.read_text())
+    report(d["rows"], d["questions"], d["epochs"], d.get("max_new_tokens", 64), png)
 
 
 if __name__ == "__main__":
