@@ -211,12 +211,7 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
                     stats.dropped_turns += len(state[i][1]) - turn - 1
                     state[i][2] = False
         turn += 1
-    results = []
-    for ctx, _, _ in state:
-        while ctx and ctx[-1]["role"] != "assistant":  # an unanswered (dropped) prompt
-            ctx.pop()
-        results.append(ctx)
-    return results, stats
+    return [answered(ctx) for ctx, _, _ in state], stats
 
 
 def _regenerate_continuous(model, tokenizer, conversations, settings: GenSettings, stop_ids, on_batch,
@@ -268,12 +263,14 @@ def _regenerate_continuous(model, tokenizer, conversations, settings: GenSetting
     pick = lambda logits: _next_tokens(logits.float(), settings, gen)  # noqa: E731
     progress = (lambda done, total: on_batch(f"{done}/{total} conversations")) if on_batch else None
     ContinuousBatcher(target, settings.max_new_tokens, stop_ids, pick).run(order, next_prompt, on_answer, progress)
-    results = []
-    for ctx, _, _, _ in convs:
-        while ctx and ctx[-1]["role"] != "assistant":  # an unanswered (dropped) prompt
-            ctx.pop()
-        results.append(ctx)
-    return results, stats
+    return [answered(ctx) for ctx, _, _, _ in convs], stats
+
+
+def answered(ctx: list[dict]) -> list[dict]:
+    """A regenerated conversation up to its last answer (an unanswered, dropped prompt goes)."""
+    while ctx and ctx[-1]["role"] != "assistant":
+        ctx.pop()
+    return ctx
 
 
 def strip_meta(messages: list[dict]) -> list[dict]:
