@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .fast_target import Layer, Linear, _rms_norm, unsupported_reason
-from .hf_utils import text_config
+from .fast_target import Decoder, _rms_norm
 
 
 class SlotTarget:
@@ -33,21 +32,12 @@ class SlotTarget:
     def __init__(self, model, slots: int, max_len: int):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        from .target import base_model
-
-        reason = unsupported_reason(model)
-        if reason:
-            raise ValueError(f"continuous batching does not support this target: {reason}")
-        cfg = text_config(model.config)
-        self.base = base_model(model)
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.embed = self.base.embed_tokens.weight.detach()
         # MKL's packed GEMM for a full decode step and a half-full one (rows padded up to the
         # next packed size): the batch thins out once no conversation is left to start.
-        self.layers = [Layer(layer, tuple(sorted({slots, max(2, slots // 2)}))) for layer in self.base.layers]
-        self.norm, self.norm_eps = self.base.norm.weight.detach(), self.base.norm.variance_epsilon
-        self.head = Linear(model.get_output_embeddings().weight.detach(), None, ())
+        d = Decoder(model, tuple(sorted({slots, max(2, slots // 2)})), purpose="continuous batching")
+        self.decoder = d
+        self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
+        self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
         self.slots = slots
         self._rope = apply_rotary_pos_emb
         self.max_len = 0
@@ -60,8 +50,7 @@ class SlotTarget:
             return
         max_len = max(max_len, self.max_len * 3 // 2)  # grow geometrically: decode asks one more each step
         dev, dtype = self.embed.device, self.embed.dtype
-        cos, sin = self.base.rotary_emb(self.embed[:1][None], torch.arange(max_len, device=dev)[None])
-        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # [max_len, head_dim]
+        self.cos, self.sin = self.decoder.rope(max_len)  # [max_len, head_dim]
         shape = (len(self.layers), self.slots, self.n_kv, max_len, self.head_dim)
         k, v = torch.zeros(shape, device=dev, dtype=dtype), torch.zeros(shape, device=dev, dtype=dtype)
         if self.k is not None:

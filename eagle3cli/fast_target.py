@@ -47,7 +47,7 @@ def unsupported_reason(model) -> str | None:
         return "sliding-window attention"
     if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
         return "quantized weights"
-    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "attention_bias", False) and kind != "qwen2":
+    if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and kind != "qwen2"):  # Qwen2's q/k/v biases are fused
         return "biases in the MLP or attention"
     return None
 
@@ -57,10 +57,15 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple[int, ...]):
         self.weight, self.bias = weight.contiguous(), bias
+        self.pack(packed_rows)
+
+    def pack(self, rows: tuple[int, ...]):
+        """Replace the packed copies with ones for ``rows`` (the weight itself is kept as it is)."""
         self.packed = {}
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear"):
-            for m in packed_rows:
-                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
+        w = self.weight
+        if w.device.type == "cpu" and w.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear"):
+            for m in rows:
+                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
@@ -96,6 +101,43 @@ class Layer:
         self.scaling = a.scaling
         self.inter = m.gate_proj.weight.shape[0]
 
+    def linears(self) -> tuple[Linear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+
+class Decoder:
+    """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
+    cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
+
+    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path"):
+        from .target import base_model
+
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"{purpose} does not support this target: {reason}")
+        cfg = text_config(model.config)
+        self.base = base_model(model)
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.hidden = cfg.hidden_size
+        self.embed = self.base.embed_tokens.weight.detach()
+        self.layers = [Layer(layer, packed_rows) for layer in self.base.layers]
+        self.norm, self.norm_eps = self.base.norm.weight.detach(), self.base.norm.variance_epsilon
+        self.head = Linear(model.get_output_embeddings().weight.detach(), None, ())
+
+    def repack(self, rows: tuple[int, ...]):
+        """Pack every layer's matmuls for ``rows`` instead (a packed GEMM is specialised for its row
+        count); the fused weights are not copied again."""
+        for layer in self.layers:
+            for lin in layer.linears():
+                lin.pack(rows)
+
+    def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
+        pos = torch.arange(max_len, device=self.embed.device)[None]
+        cos, sin = self.base.rotary_emb(self.embed[:1][None], pos)
+        return cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype)
+
 
 class FastTarget:
     """The target's decoder as plain tensors, with its own static KV cache."""
@@ -104,29 +146,18 @@ class FastTarget:
     def supports(model) -> str | None:
         return unsupported_reason(model)
 
-    def __init__(self, model, max_len: int, packed_rows: tuple[int, ...] = ()):
-        from .target import base_model
-
-        reason = unsupported_reason(model)
-        if reason:
-            raise ValueError(f"the fast path does not support this target: {reason}")
-        cfg = text_config(model.config)
-        base = base_model(model)
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.hidden = cfg.hidden_size
-        self.embed = base.embed_tokens.weight.detach()
-        self.layers = [Layer(layer, packed_rows) for layer in base.layers]
-        self.norm, self.norm_eps = base.norm.weight.detach(), base.norm.variance_epsilon
-        self.head = Linear(model.get_output_embeddings().weight.detach(), None, ())
+    def __init__(self, model, max_len: int, packed_rows: tuple[int, ...] = (), decoder: Decoder | None = None):
+        """A static cache of ``max_len`` positions over ``decoder`` (built from ``model`` when not given:
+        pass one to reuse its fused weights, e.g. to time several packed sizes)."""
+        d = decoder or Decoder(model, packed_rows)
+        self.decoder = d
+        self.n_heads, self.n_kv, self.head_dim, self.hidden = d.n_heads, d.n_kv, d.head_dim, d.hidden
+        self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
         self.max_len = max_len
-        dev, dtype = self.embed.device, self.embed.dtype
-        pos = torch.arange(max_len, device=dev)[None]
-        cos, sin = base.rotary_emb(self.embed[:1][None], pos)  # HF's own tables (any static rope type)
-        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # [max_len, head_dim]
+        self.cos, self.sin = d.rope(max_len)
         shape = (len(self.layers), self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, device=dev, dtype=dtype)
-        self.v = torch.zeros(shape, device=dev, dtype=dtype)
+        self.k = torch.zeros(shape, device=self.embed.device, dtype=self.embed.dtype)
+        self.v = torch.zeros_like(self.k)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
