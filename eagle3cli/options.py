@@ -97,8 +97,10 @@ def _layer_ids(text: str):
     return parse_layer_ids(text)
 
 
-def json_object(text: str) -> dict:
-    """``--vllm-args`` JSON -> the vllm.LLM keyword arguments it holds."""
+def json_object(text: str) -> dict | None:
+    """``--vllm-args`` JSON -> the vllm.LLM keyword arguments it holds (none for an empty flag)."""
+    if not text.strip():
+        return None
     try:
         value = json.loads(text)
     except ValueError as e:

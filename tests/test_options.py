@@ -136,6 +136,12 @@ def test_gen_data_bad_flag_is_one_line(gen_data_gets, tmp_path, flags, message):
     assert gen_data_gets == {}  # refused before the library ran
 
 
+def test_empty_vllm_args_is_none_as_before():
+    from eagle3cli.options import json_object
+
+    assert json_object("  ") is None and json_object('{"enforce_eager": true}') == {"enforce_eager": True}
+
+
 # ---------------------------------------------------------------- eval
 
 
