@@ -25,6 +25,11 @@ class Eagle3Error(Exception):
     exit_code = 1
 
 
+class OptionError(Eagle3Error, ValueError):
+    """A flag (or setting) whose value cannot work. A ValueError too, so library callers that
+    catch ValueError around parsing keep catching it."""
+
+
 class Interrupted(Eagle3Error):
     """Ctrl-C, with a hint of what was kept and how to continue."""
 

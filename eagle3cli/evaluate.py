@@ -287,6 +287,15 @@ class EvalConfig:
     warmup_tokens: int = 32
     fast: str = "auto"  # auto | on | off: verify (and decode the plain baseline) through fast_target
 
+    @classmethod
+    def from_options(cls, opts) -> "EvalConfig":
+        """The settings of ``eagle3 eval``'s flags (``options.EvalOptions``, validated)."""
+        auto, total, depth, top_k = opts.tree_shape()
+        return cls(tasks=list(opts.task), data=opts.data, limit=opts.limit, max_new_tokens=opts.max_new_tokens,
+                   temperature=opts.temperature, top_p=opts.top_p, sampling_top_k=opts.sampling_top_k,
+                   mode=opts.mode, total_tokens=total, depth=depth, top_k=top_k, steps=opts.steps,
+                   tree_auto=auto, prompt_lookup=opts.baseline == "prompt-lookup", seed=opts.seed, fast=opts.fast)
+
 
 # baseline_hf: HF generate; baseline_fast: plain greedy on the fast path (same forward as the
 # speculative run); "baseline" in results is the faster of the two (docs/design.md §10).

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .draft import DraftConfig, Eagle3Draft
+from .errors import Eagle3Error
 from .io_utils import default_file_mode, write_json
 
 CONFIG = "config.json"
@@ -206,17 +207,25 @@ def options_from_json(d: dict) -> dict[str, bool]:
     }
 
 
+class MissingDraftFile(Eagle3Error, FileNotFoundError):
+    """A draft folder without its config.json or weights."""
+
+
+class IncompleteDraft(Eagle3Error, ValueError):
+    """A draft whose weights lack tensors its config needs."""
+
+
 def read_config(draft_dir: str | Path) -> dict:
     p = Path(draft_dir) / CONFIG
     if not p.exists():
-        raise FileNotFoundError(f"{draft_dir} has no {CONFIG}: not a draft directory")
+        raise MissingDraftFile(f"{draft_dir} has no {CONFIG}: not a draft directory")
     return json.loads(p.read_text())
 
 
 def read_tensors(draft_dir: str | Path) -> dict[str, torch.Tensor]:
     p = Path(draft_dir) / WEIGHTS
     if not p.exists():
-        raise FileNotFoundError(f"{draft_dir} has no {WEIGHTS}")
+        raise MissingDraftFile(f"{draft_dir} has no {WEIGHTS}")
     with safe_open(str(p), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
 
@@ -233,7 +242,7 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     tensors = read_tensors(draft_dir)
     missing = [n for n in required_weights(cfg) if n not in tensors]
     if missing:
-        raise ValueError(f"{draft_dir}: missing tensors {missing}; run `eagle3 inspect {draft_dir}`")
+        raise IncompleteDraft(f"{draft_dir}: missing tensors {missing}; run `eagle3 inspect {draft_dir}`")
     draft, _ = draft_from_tensors(cfg, tensors, target, dtype, strict=False)
     return draft.to(device), d
 

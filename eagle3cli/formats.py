@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from .draft import OPTION_KEYS, Eagle3Draft
+from .errors import Eagle3Error
 from .export import (CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS,
                      OPTIONAL_WEIGHTS, REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json, draft_from_tensors,
                      expected_shapes, exported_state_dict, options_from_json, save_draft)
@@ -56,7 +57,7 @@ PICKLE = "pytorch_model.bin"
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config layout the writer follows
 
 
-class FormatError(ValueError):
+class FormatError(Eagle3Error, ValueError):
     """A draft this package cannot read (or write) faithfully: one line naming the file."""
 
 

@@ -25,7 +25,6 @@ import os
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -36,6 +35,7 @@ from .hf_utils import eos_token_ids, text_config
 from .features import (MANIFEST, SHARD_DIR, content_hash, data_fingerprint, file_sha256, finished_shards,
                        new_manifest, shard_name, shard_problem, write_json, write_manifest, write_shard)
 from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
+from .options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from .sources import Conversation, load_conversations, with_system
 
 REGEN_DIR = "regenerated"
@@ -44,48 +44,6 @@ BYTES_PER_VALUE = 2  # bf16 / fp16 features
 
 class GenDataError(Eagle3Error, ValueError):
     """A problem the user must fix; the message is one line."""
-
-
-@dataclass
-class GenDataOptions:
-    out: Path
-    data: str
-    format: str | None = None
-    split: str | None = None
-    subset: str | None = None
-    streaming: bool = False
-    max_samples: int | None = None
-    shuffle: bool = False
-    seed: int = 0
-    regenerate: bool = True
-    endpoint: str | None = None
-    endpoint_model: str | None = None
-    api_key: str | None = None
-    concurrency: int = 16
-    batch_size: int = 16
-    max_new_tokens: int = 512
-    temperature: float = 0.0
-    top_p: float = 1.0
-    system: str | None = None
-    chat_template: str | None = None  # path to a Jinja file
-    features: str = "offline"
-    layers: tuple[int, ...] | None = None
-    max_length: int = 2048
-    shard_size: int = 128
-    shard: str | None = None  # "i/n"
-    feature_dtype: str = "bfloat16"
-    capture_tokens: int = 16384  # padded tokens per capture forward
-    overwrite: bool = False
-    dry_run: bool = False
-    strict: bool = False
-    show_mask: int = 0
-    skip_disk_check: bool = False
-    engine: str = "hf"  # what captures the features: hf (a forward in this process) or vllm (eagle3cli.vllm_engine)
-    vllm_python: str | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    vllm_kv_cache_gib: float | None = None
-    vllm_args: dict | None = None  # more vllm.LLM keyword arguments
 
 
 # ---------------------------------------------------------------- small pieces

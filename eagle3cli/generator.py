@@ -38,6 +38,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from .errors import Eagle3Error
 from .hf_utils import eos_token_ids, synchronize as _sync
 from .layers import text_config
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
@@ -50,11 +51,11 @@ class Drafter(Protocol):
     def rollback(self) -> None: ...
 
 
-class UnsupportedTarget(ValueError):
+class UnsupportedTarget(Eagle3Error, ValueError):
     """The target cannot be verified with a tree mask through its plain HF forward."""
 
 
-class ContextTooLong(ValueError):
+class ContextTooLong(Eagle3Error, ValueError):
     """The prompt does not fit the target's context."""
 
 

@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import Eagle3Error
+
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCH = "eagle3"
 ENV = "EAGLE3_LLAMA_CPP"  # a llama.cpp source tree or build folder
@@ -54,7 +56,7 @@ TENSOR_NAMES = {
 }
 
 
-class GGUFExportError(RuntimeError):
+class GGUFExportError(Eagle3Error, RuntimeError):
     """One line that says what to do."""
 
 

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
+from .errors import OptionError
 from .hf_utils import text_config  # lived here; still importable from this module
 
 
@@ -20,7 +21,7 @@ def num_layers(config) -> int:
     cfg = text_config(config)
     n = getattr(cfg, "num_hidden_layers", None)
     if not n:
-        raise ValueError(f"config of type {type(cfg).__name__} has no num_hidden_layers")
+        raise OptionError(f"config of type {type(cfg).__name__} has no num_hidden_layers")
     return int(n)
 
 
@@ -32,7 +33,7 @@ def default_layer_ids(n_layers: int) -> tuple[int, int, int]:
     # Toy models (N < 8) cannot use the engines' formula; spread over the stack instead.
     # Export always writes both layer-id keys, so engines still read these correctly.
     if n_layers < 3:
-        raise ValueError(f"a target needs at least 3 decoder layers for EAGLE-3, this one has {n_layers}")
+        raise OptionError(f"a target needs at least 3 decoder layers for EAGLE-3, this one has {n_layers}")
     return (1, max(2, n_layers // 2), n_layers - 1) if n_layers > 3 else (0, 1, 2)
 
 
@@ -58,7 +59,7 @@ def parse_layer_ids(text: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(x) for x in str(text).replace(" ", "").split(","))
     except ValueError:
-        raise ValueError(f"--layers must be three comma-separated integers, got {text!r}") from None
+        raise OptionError(f"--layers must be three comma-separated integers, got {text!r}") from None
 
 
 def choose_layers(config, override: Sequence[int] | None = None, warn: bool = True) -> LayerChoice:
@@ -67,11 +68,11 @@ def choose_layers(config, override: Sequence[int] | None = None, warn: bool = Tr
         return LayerChoice(n, default_layer_ids(n))
     ids = tuple(int(j) for j in override)
     if len(ids) != 3:
-        raise ValueError(f"EAGLE-3 reads exactly three streams, got {len(ids)} layer ids: {ids}")
+        raise OptionError(f"EAGLE-3 reads exactly three streams, got {len(ids)} layer ids: {ids}")
     if list(ids) != sorted(set(ids)):
-        raise ValueError(f"layer ids must be distinct and ascending, got {ids}")
+        raise OptionError(f"layer ids must be distinct and ascending, got {ids}")
     if ids[0] < 0 or ids[-1] >= n:
-        raise ValueError(f"layer ids must lie in 0..{n - 1} (input of decoder layer j), got {ids}")
+        raise OptionError(f"layer ids must lie in 0..{n - 1} (input of decoder layer j), got {ids}")
     choice = LayerChoice(n, ids)
     if warn and not choice.is_default:
         warnings.warn(

@@ -33,6 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import Eagle3Error
 from .gguf_export import llama_cpp_roots
 
 SERVER = "llama-server"
@@ -40,7 +41,7 @@ BUILD_HINT = ("build it with `bash benchmarks/build_llamacpp.sh` (tools from the
               "or pass --llama-cpp DIR (the folder with llama-server, or a llama.cpp tree with build/bin)")
 
 
-class LlamaCppError(RuntimeError):
+class LlamaCppError(Eagle3Error, RuntimeError):
     """One line that says what to do."""
 
 

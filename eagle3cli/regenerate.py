@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .chat_mask import render
+from .errors import Eagle3Error
 
 
 @dataclass
@@ -281,7 +282,7 @@ def strip_meta(messages: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- OpenAI-compatible server
 
 
-class EndpointError(RuntimeError):
+class EndpointError(Eagle3Error, RuntimeError):
     """The server kept failing after all retries (the run stops; rerun resumes)."""
 
 

@@ -16,6 +16,7 @@ import torch
 
 from .errors import Eagle3Error, one_line
 from .hf_utils import text_config
+from .options import TargetOptions, target_options
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +24,17 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 @dataclass
-class TargetSpec:
-    """Everything needed to load a target; mirrors the shared CLI options."""
+class TargetSpec(TargetOptions):
+    """Everything needed to load a target: the shared target options (options.py) and what only
+    library callers set."""
 
-    model: str
-    revision: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    load_in_8bit: bool = False
-    load_in_4bit: bool = False
-    adapter: str | None = None
-    trust_remote_code: bool = False
     gguf_file: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # more from_pretrained keyword arguments
+
+    @classmethod
+    def of(cls, opts: TargetOptions, **changes) -> "TargetSpec":
+        """The spec of a command's options (TrainConfig, GenDataOptions, EvalOptions ...)."""
+        return cls(**{**target_options(opts), **changes})
 
 
 class TargetError(Eagle3Error, ValueError):
@@ -89,7 +88,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if name not in DTYPES:
-        raise ValueError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+        raise TargetError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
 
 
@@ -128,7 +127,7 @@ def load_target(spec: TargetSpec):
     from transformers import AutoModelForCausalLM
 
     if spec.load_in_8bit and spec.load_in_4bit:
-        raise ValueError("choose one of --load-in-8bit and --load-in-4bit")
+        raise TargetError("choose one of --load-in-8bit and --load-in-4bit")
     device = spec.device or default_device()
     dtype = resolve_dtype(spec.dtype, device)
     kw: dict = {"revision": spec.revision, "trust_remote_code": spec.trust_remote_code, "dtype": dtype}

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
-from .errors import Eagle3Error
+from .errors import Eagle3Error, OptionError
+from .options import TargetOptions, option
 
 # model_type (config.json) -> recipe name.
 FAMILIES = {
@@ -46,24 +47,17 @@ class TrainError(Eagle3Error):
     """A user-facing problem, reported as one line."""
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
+_f = option  # short name: every field below is one
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(TargetOptions):
+    # The target-loading fields (model, revision, dtype, device, load_in_8bit/4bit, adapter,
+    # trust_remote_code) come from TargetOptions, shared with gen-data and eval.
+    SHOWN_DEFAULTS: ClassVar[dict] = {"model": "the store's target"}  # what train --help says for None
     # --- what to train on ---
     data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.")
-    model: str | None = _f(None, "Target model (Hub id or folder); default: the store's target.")
     out: str = _f("eagle3-draft", "Output folder: the final draft, checkpoints/ and logs.")
-    # --- target loading ---
-    revision: str | None = _f(None, "Hub revision of the target.")
-    dtype: str = _f("auto", "Target dtype: auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")
-    device: str | None = _f(None, "cpu, cuda, cuda:1 ... (default: cuda if available; accelerate's under launch).")
-    load_in_8bit: bool = _f(False, "Load the target 8-bit (online mode; features then differ slightly).")
-    load_in_4bit: bool = _f(False, "Load the target 4-bit (online mode; features then differ slightly).")
-    adapter: str | None = _f(None, "PEFT adapter applied on top of the target.")
-    trust_remote_code: bool = _f(False, "Run the model repo's own code.")
     chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
     online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
@@ -168,7 +162,7 @@ def coerce(key: str, value: Any, source: str) -> Any:
     """Check/convert one setting to its field's type (YAML reads 1e-4 as a string)."""
     types = field_types()
     if key not in types:
-        raise ValueError(f"{source}: unknown setting {key!r} (see `eagle3 train --help`)")
+        raise OptionError(f"{source}: unknown setting {key!r} (see `eagle3 train --help`)")
     if value is None:
         return None
     want = types[key]
@@ -181,7 +175,7 @@ def coerce(key: str, value: Any, source: str) -> Any:
             raise TypeError
         return want(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
+        raise OptionError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
 
 
 VARIANTS = ("eagle3", "eagle3.1")
@@ -190,11 +184,11 @@ VARIANTS = ("eagle3", "eagle3.1")
 def draft_options(cfg: TrainConfig) -> dict[str, bool]:
     """The DraftConfig architecture options of ``cfg`` (``--variant`` and the two norm flags)."""
     if cfg.variant not in VARIANTS:
-        raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}, got {cfg.variant!r}")
+        raise OptionError(f"--variant must be one of {', '.join(VARIANTS)}, got {cfg.variant!r}")
     v31 = cfg.variant == "eagle3.1"
     if v31 and cfg.norm_before_fc:
-        raise ValueError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
-                         "each stream before fc (speculators refuses both)")
+        raise OptionError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
+                          "each stream before fc (speculators refuses both)")
     return {"fc_norm": v31, "norm_output": v31, "norm_before_fc": bool(cfg.norm_before_fc),
             "norm_before_residual": bool(cfg.norm_before_residual)}
 
@@ -222,12 +216,12 @@ def recipe_source(name_or_path: str) -> tuple[str, str]:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise ValueError(f"recipe file {name_or_path} does not exist")
+            raise OptionError(f"recipe file {name_or_path} does not exist")
         return str(path), path.read_text()
     if name_or_path in recipe_names():
         return name_or_path, (_recipe_dir() / f"{name_or_path}.yaml").read_text()
-    raise ValueError(f"unknown recipe {name_or_path!r}; choose one of {', '.join(recipe_names())}, "
-                     "auto, none, or a YAML file")
+    raise OptionError(f"unknown recipe {name_or_path!r}; choose one of {', '.join(recipe_names())}, "
+                      "auto, none, or a YAML file")
 
 
 def read_recipe(name_or_path: str) -> tuple[str, dict]:
@@ -235,7 +229,7 @@ def read_recipe(name_or_path: str) -> tuple[str, dict]:
     name, text = recipe_source(name_or_path)
     raw = yaml.safe_load(text) or {}
     if not isinstance(raw, dict):
-        raise ValueError(f"recipe {name}: expected a mapping of settings, got {type(raw).__name__}")
+        raise OptionError(f"recipe {name}: expected a mapping of settings, got {type(raw).__name__}")
     return name, raw
 
 

@@ -294,9 +294,7 @@ class Trainer:
         self.model_id = cfg.model or m.target_id
         if not self.model_id:
             raise TrainError("--model is required (the store's manifest names no target)")
-        spec = TargetSpec(model=self.model_id, revision=cfg.revision, dtype=cfg.dtype, device=str(self.acc.device),
-                          load_in_8bit=cfg.load_in_8bit, load_in_4bit=cfg.load_in_4bit, adapter=cfg.adapter,
-                          trust_remote_code=cfg.trust_remote_code)
+        spec = TargetSpec.of(cfg, model=self.model_id, device=str(self.acc.device))
         try:
             self.target_config = load_config(spec)
         except (OSError, ValueError) as e:

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import torch
 
+from .errors import Eagle3Error
+
 PARTS = ("head", "fc", "layer")
 
 
-class WarmStartError(ValueError):
+class WarmStartError(Eagle3Error, ValueError):
     """The requested warm start does not fit this target."""
 
 

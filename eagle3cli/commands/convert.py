@@ -26,7 +26,7 @@ def convert(
     """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
     import torch
 
-    from ..formats import TARGETS, FormatError, inspect_any
+    from ..formats import TARGETS, inspect_any
     from ..formats import convert as run
     from ..layers import parse_layer_ids
 
@@ -47,7 +47,7 @@ def convert(
             target = load_target(spec)
         path, note = run(draft, out, to, target_config=target_config, target=target, layer_ids=ids,
                          dtype=dtypes[dtype], target_name=model)
-    except (FormatError, ValueError, OSError) as e:
+    except OSError as e:  # transformers' words for target files it cannot find (FormatError: one line anyway)
         fail(str(e))
     show = report_console()
     for line in note.lines():

@@ -26,7 +26,7 @@ def export_gguf(
 ):
     """Write the draft as a llama.cpp EAGLE-3 GGUF (llama-server -md ... --spec-type draft-eagle3)."""
     from ..export import METADATA_KEY, read_config
-    from ..gguf_export import GGUFExportError, export_gguf as run
+    from ..gguf_export import export_gguf as run
     from ..inspector import inspect_draft
 
     rep = inspect_draft(draft_dir)
@@ -41,16 +41,13 @@ def export_gguf(
     if target is None and target_gguf is None:
         fail("pass --target DIR (the target's HF folder, with --llama-cpp DIR) or --target-gguf FILE")
     written = {}
-    try:
-        for t in outtype:
-            files, warnings = run(draft_dir, out, t, target_dir=target, target_gguf=target_gguf,
-                                  with_target=with_target, llama_cpp=llama_cpp,
-                                  log=lambda m: console.print(m, highlight=False))
-            for w in warnings:
-                console.print(f"[yellow]converter warning:[/] {w}", highlight=False)
-            written[t] = files
-    except GGUFExportError as e:
-        fail(str(e))
+    for t in outtype:  # a GGUFExportError is one line at the CLI boundary
+        files, warnings = run(draft_dir, out, t, target_dir=target, target_gguf=target_gguf,
+                              with_target=with_target, llama_cpp=llama_cpp,
+                              log=lambda m: console.print(m, highlight=False))
+        for w in warnings:
+            console.print(f"[yellow]converter warning:[/] {w}", highlight=False)
+        written[t] = files
     for t, files in written.items():
         for kind, path in files.items():
             typer.echo(f"{kind}\t{t}\t{path}")

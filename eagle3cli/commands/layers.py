@@ -7,11 +7,11 @@ from typing import Optional
 
 import typer
 
-from .common import Revision, TrustRemoteCode, console, fail
+from .common import Revision, TrustRemoteCode, console, target_flag
 
 
 def layers(
-    model: str = typer.Option(..., "--model", "-m", help="Target model: a Hub id or a local folder."),
+    model: str = target_flag("model", required=True),
     override: Optional[str] = typer.Option(None, "--layers", help="Override, e.g. 2,16,29 (input-of-layer-j count)."),
     revision: Optional[str] = Revision,
     trust_remote_code: bool = TrustRemoteCode,
@@ -22,13 +22,11 @@ def layers(
     from ..layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
     from ..target import TargetSpec, load_config
 
-    try:
-        cfg = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            choice = choose_layers(cfg, parse_layer_ids(override))
-    except (ValueError, OSError) as e:
-        fail(str(e).splitlines()[0])
+    # A bad target (TargetError) or --layers (OptionError) is one line at the CLI boundary.
+    cfg = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        choice = choose_layers(cfg, parse_layer_ids(override))
     t = text_config(cfg)
     out = Console(markup=False, highlight=False)  # 'hidden_states[j]' is not rich markup
     out.print(f"model            {model} ({getattr(t, 'model_type', '?')})")

@@ -29,7 +29,7 @@ def push(
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from .. import push as lib
-    from ..formats import FormatError, as_ours
+    from ..formats import as_ours
     from ..gguf_export import OUTTYPES, GGUFOptions
 
     bad = [t for t in gguf if t not in OUTTYPES]
@@ -59,8 +59,6 @@ def push(
     except lib.DraftRejected as e:
         for p in e.problems:
             console.print(f"  - {p}", highlight=False)
-        fail(str(e))
-    except (lib.PushError, FormatError) as e:
         fail(str(e))
     typer.echo(f"pushed {', '.join(res.files)} to {res.repo_url}")
     if res.pr_url:

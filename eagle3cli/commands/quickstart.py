@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, fail, report_console
+from .common import console, report_console
 
 
 def quickstart(
@@ -29,10 +29,7 @@ def quickstart(
 
     opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
                              eval_prompts=eval_prompts, repo_id=repo)
-    try:
-        res = run(opts, log=lambda m: console.print(m, highlight=False))
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        fail(str(e).splitlines()[0])
+    res = run(opts, log=lambda m: console.print(m, highlight=False))  # user errors: Eagle3Error, one line
     from ..model_card import sglang_command, vllm_command
 
     task = res.results["tasks"]["mt_bench"]
