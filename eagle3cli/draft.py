@@ -362,9 +362,13 @@ class Eagle3Draft(nn.Module):
         """The output stream as the next step and ``logits`` see it: norm(a) with norm_output, else a."""
         return self.norm(a) if self.config.norm_output else a
 
+    def head_input(self, a: torch.Tensor) -> torch.Tensor:
+        """What lm_head reads of the output stream (``output``): norm is applied exactly once."""
+        return a if self.config.norm_output else self.norm(a)
+
     def logits(self, a: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab logits from the output stream (``output``): norm is applied exactly once."""
-        return self.lm_head(a if self.config.norm_output else self.norm(a))
+        """Draft-vocab logits from the output stream (``output``)."""
+        return self.lm_head(self.head_input(a))
 
     # ---- one drafting step with a KV cache (inference) ----------------------------------
     def step(

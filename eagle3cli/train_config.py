@@ -87,6 +87,9 @@ class TrainConfig(TargetOptions):
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
     eval_ttt_steps: int = _f(0, "Steps unrolled for the held-out evaluation (0: --ttt-steps), e.g. 7 to "
                                 "measure a --ttt-steps 1 draft on the 7-step scale.")
+    recompute: bool | None = _f(None, "Recompute each TTT step's layer in the backward instead of keeping its "
+                                      "activations: same values, less memory, more compute. Default: auto (on "
+                                      "when the kept activations would exceed 1 GB, docs/benchmarks.md).")
     # --- optimisation ---
     lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")

@@ -114,12 +114,17 @@ def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
 
 class TargetHead(nn.Module):
     """Just the target's LM head (and config) for offline training: ``target.lm_logits`` works
-    on it like on the full model, without keeping the decoder in memory."""
+    on it like on the full model, without keeping the decoder in memory.
 
-    def __init__(self, model):
+    ``compute_dtype``: the dtype ``ttt.teacher_from_final`` computes the teacher's logits in. A
+    head stored narrower (bf16) is kept so and widened per teacher call: for a 151,936 x 896
+    head that is 272 MB held instead of 545 MB, with the same logits (widening is exact)."""
+
+    def __init__(self, model, compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.config = model.config
         self.head = output_head(model)
+        self.compute_dtype = compute_dtype
 
     def get_output_embeddings(self):
         return self.head
@@ -194,7 +199,16 @@ def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, t
     load_dtype = "bfloat16" if as_stored else dtype
     model = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": load_dtype}))
     check_features_match(store, model, store.meta.layer_ids)
-    head = TargetHead(model).to(device, getattr(torch, dtype))
+    train_dtype = getattr(torch, dtype)
+    # Frozen weights stay in the stored dtype when it widens exactly to the training dtype (bf16
+    # -> fp32): the teacher's head and the draft's embedding copy (build_draft) then hold half the
+    # memory for the same values.
+    keep = load_dtype if as_stored else dtype
+    head = TargetHead(model, compute_dtype=train_dtype).to(device, getattr(torch, keep))
+    # A weight loaded as stored can be a view of the memory-mapped checkpoint: a copy of its own
+    # lets the file's pages (all those the probe read, the decoder's too) go with the model.
+    for p in head.parameters():
+        p.data = p.data.clone()
     parts = TargetParts(None, head, input_embeddings(model).weight.detach(), warm_start.target_parts(model, warm_parts))
     del model
     gc.collect()  # HF models hold reference cycles: free the decoder now, not at some later collection
@@ -228,7 +242,12 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
     for line in engine_support.warnings(target_config, options):
         say(f"[yellow]warning:[/] {line}")
     dcfg = DraftConfig.from_target(target_config, vocab.size, store.meta.layer_ids, **options)
-    draft = Eagle3Draft(dcfg, embed_weight=parts.embed.float().cpu())
+    draft = Eagle3Draft(dcfg)
+    # The frozen embedding is only looked up (rows cast to the stream's dtype, ttt_streams and
+    # Eagle3Draft.step), so a bf16 source is kept in bf16: 151,936 x 896 is 272 MB, not 545 MB.
+    embed_dtype = torch.bfloat16 if parts.embed.dtype == torch.bfloat16 else torch.float32
+    draft.embed_tokens.to(embed_dtype)
+    draft.set_embedding(parts.embed.cpu())
     draft.init_weights(seed=cfg.seed)
     draft.set_vocab(vocab.ids)
     # The warm start first: with --init-from, rows of tokens new to its vocabulary keep it.
@@ -243,6 +262,25 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
     elif cfg.freeze_head and "head" in warm_parts:
         draft.lm_head.weight.requires_grad_(False)
     return draft, vocab
+
+
+# Above this, the activations the TTT unroll would keep for the backward are recomputed instead
+# (--recompute auto): measured in docs/benchmarks.md ("Session 5").
+RECOMPUTE_ABOVE = 1 << 30
+
+
+def kept_activation_bytes(tokens: int, steps: int, dcfg: DraftConfig) -> int:
+    """What an S-step unroll keeps for the backward without recompute, per micro-batch: per token
+    and step the MLP's gate, up and product ([3 x intermediate]) and about a dozen hidden-sized
+    tensors (norms, q/k/v/o, the residuals), in fp32."""
+    return tokens * steps * (3 * dcfg.intermediate_size + 12 * dcfg.hidden_size) * 4
+
+
+def use_recompute(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
+    """--recompute/--no-recompute as given; auto: on when the kept activations would pass RECOMPUTE_ABOVE."""
+    if cfg.recompute is not None:
+        return cfg.recompute
+    return kept_activation_bytes(cfg.max_tokens, cfg.ttt_steps, dcfg) > RECOMPUTE_ABOVE
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -314,9 +352,11 @@ class Trainer:
         except warm_start.WarmStartError as e:
             raise TrainError(str(e)) from None
         self.draft = self.draft.to(self.acc.device)
+        self.recompute = use_recompute(cfg, self.draft.config)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "
-                  f"training tokens; layers {self.layer_ids}")
+                  f"training tokens; layers {self.layer_ids}; TTT steps "
+                  f"{'recomputed in the backward' if self.recompute else 'kept for the backward'}")
         self._plan()
 
     def _plan(self):
@@ -378,7 +418,7 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> TrainResult:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc = self.cfg, self.acc
-        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay)
+        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute)
         self.params = [p for p in ttt.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .target import lm_logits, output_head
+from .target import logit_softcap, output_head
 
 # q [B,h,T,d], keys/values: list of [B,h,T,d]; [0] = step-0 (causal), [1:] = diagonal steps.
 Attention = Callable[[torch.Tensor, list, list], torch.Tensor]
@@ -42,21 +42,51 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def ttt_attention(q: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-    """Causal attention over the step-0 keys plus the diagonal keys of steps 1..s."""
+# Scores of one query block of ttt_attention: [B, h, rows, keys] elements at most (32 MB in fp32).
+ATTENTION_BLOCK_ELEMENTS = 1 << 23
+
+
+def ttt_attention(q: torch.Tensor, keys: list, values: list,
+                  max_elements: int = ATTENTION_BLOCK_ELEMENTS) -> torch.Tensor:
+    """Causal attention over the step-0 keys plus the diagonal keys of steps 1..s.
+
+    Computed one block of query rows at a time, each block checkpointed when gradients are on:
+    the [B,h,T,T] scores (and the softmax and gradients over them, three or four such tensors)
+    never exist at once. For an 8,192-token micro-batch of 1,024-token rows and 14 heads one
+    such tensor is 470 MB, so the whole-matrix form took about 2 GB at the step's peak. A block
+    of rows [i, j) needs only the keys before j (the rest are masked), and recomputing its
+    scores in the backward costs a small share of the layer's matmuls.
+    """
     if len(keys) == 1:
         return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True)
+    b, h, t, _ = q.shape
+    rows = max(1, max_elements // max(1, b * h * t))
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, *keys, *values))
+    out = []
+    for i in range(0, t, rows):
+        blk = slice(i, i + rows)
+        args = (i, q[..., blk, :], keys[0], values[0], [k[..., blk, :] for k in keys[1:]],
+                [v[..., blk, :] for v in values[1:]])
+        if grad and t > rows:
+            out.append(checkpoint(_attention_rows, *args, use_reentrant=False, preserve_rng_state=False))
+        else:
+            out.append(_attention_rows(*args))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-2)
+
+
+def _attention_rows(start: int, q, k0, v0, diag_k: list, diag_v: list) -> torch.Tensor:
+    """ttt_attention for the query rows start..start+n-1 (q [B,h,n,d]; diag_k/diag_v sliced to them)."""
     scale = q.shape[-1] ** -0.5
-    t = q.shape[-2]
-    causal = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
-    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    causal.masked_fill_(future, float("-inf"))  # in place: one [B,h,T,T] tensor fewer at a time
-    # Per-position dot products with the same position's key at each later step: [B,h,T,s].
-    diag = torch.stack([(q * k).sum(-1) for k in keys[1:]], dim=-1) * scale
+    n = q.shape[-2]
+    end = start + n  # keys at or past ``end`` lie in every row's future
+    causal = torch.matmul(q, k0[..., :end, :].transpose(-1, -2)) * scale  # [B,h,n,end]
+    future = torch.ones(n, end, dtype=torch.bool, device=q.device).triu(start + 1)
+    causal.masked_fill_(future, float("-inf"))  # in place: one such tensor fewer at a time
+    # Per-position dot products with the same position's key at each later step: [B,h,n,s].
+    diag = torch.stack([(q * k).sum(-1) for k in diag_k], dim=-1) * scale
     probs = torch.softmax(torch.cat([causal, diag], dim=-1).float(), dim=-1).to(q.dtype)
-    out = torch.matmul(probs[..., :t], values[0])
-    diag_v = torch.stack(values[1:], dim=-2)  # [B,h,T,s,d]
-    return out + (probs[..., t:].unsqueeze(-1) * diag_v).sum(-2)
+    out = torch.matmul(probs[..., :end], v0[..., :end, :])
+    return out + (probs[..., end:].unsqueeze(-1) * torch.stack(diag_v, dim=-2)).sum(-2)
 
 
 def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
@@ -64,9 +94,12 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
     """Yield the draft's output stream a^s [B,T,H] for s = 0..steps-1.
 
     With ``recompute`` (and gradients on), each step's layer is checkpointed: the backward keeps
-    only its inputs and outputs (the streams, this step's keys and values) and recomputes the
-    [B,h,T,T] attention scores and [tokens x intermediate] MLP activations of one step at a time,
-    instead of holding them for all S steps at once (same values: the recomputation is exact).
+    only its inputs and outputs (the token ids, the streams, this step's keys and values) and
+    recomputes the [tokens x intermediate] MLP activations, norms and projections of one step at
+    a time, instead of holding them for all S steps at once (same values: the recomputation is
+    exact). Without it (``--no-recompute``) they are kept: less compute, several GB for a large
+    target (trainer.use_recompute decides by their size). The attention's score blocks are
+    recomputed either way (ttt_attention).
     """
     layer = draft.midlayer
     attn = layer.self_attn
@@ -75,7 +108,10 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys, values = [], []
 
-    def one_step(s: int, emb, hidden, *past):
+    def one_step(s: int, tokens, hidden, *past):
+        # The frozen embedding is looked up in here: a checkpointed step then keeps the token ids,
+        # not a [B,T,H] copy of their embeddings per step.
+        emb = draft.embed_tokens(tokens).to(hidden.dtype)
         x = layer.attn_input(emb, hidden)
         cos, sin = draft.rotary(positions + s, x.dtype)
         q, k, v = attn.qkv(x, cos, sin)
@@ -85,12 +121,12 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
         return draft.output(layer.finish(attn.out(out), hidden)), k, v  # norm(a) with norm_output
 
     for s in range(steps):
-        emb = draft.embed_tokens(shift_left(input_ids, 1 + s)).to(hidden.dtype)
+        tokens = shift_left(input_ids, 1 + s)
         if recompute and torch.is_grad_enabled():
-            a, k, v = checkpoint(one_step, s, emb, hidden, *keys, *values, use_reentrant=False,
+            a, k, v = checkpoint(one_step, s, tokens, hidden, *keys, *values, use_reentrant=False,
                                  preserve_rng_state=False)
         else:
-            a, k, v = one_step(s, emb, hidden, *keys, *values)
+            a, k, v = one_step(s, tokens, hidden, *keys, *values)
         keys.append(k)
         values.append(v)
         yield a
@@ -109,11 +145,18 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     """Teacher distributions from the target's final hidden states [B,T,Ht].
 
     Full-vocab logits exist for only ``max_elements // vocab`` tokens at a time; the argmax is
-    taken over the full vocab so a target choice outside the draft vocab is a miss.
+    taken over the full vocab so a target choice outside the draft vocab is a miss. The logits
+    are computed in ``target.compute_dtype`` when it is set (a head kept in its narrower stored
+    dtype, ``trainer.TargetHead``; it is widened once per call), else in the head's own dtype.
     """
     b, t, _ = final.shape
     flat = final.reshape(b * t, -1)
-    vocab = output_head(target).weight.shape[0]
+    head = output_head(target)
+    dtype = getattr(target, "compute_dtype", None) or head.weight.dtype
+    weight = head.weight.to(dtype)
+    bias = head.bias.to(dtype) if getattr(head, "bias", None) is not None else None
+    cap = logit_softcap(target)
+    vocab = weight.shape[0]
     vocab_ids = vocab_ids.to(final.device)
     to_draft = torch.full((vocab,), -1, dtype=torch.long, device=final.device)
     to_draft[vocab_ids] = torch.arange(vocab_ids.numel(), device=final.device)
@@ -123,7 +166,9 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     probs = torch.empty(b * t, vocab_ids.numel(), dtype=torch.float32, device=final.device)
     index = torch.empty(b * t, dtype=torch.long, device=final.device)
     for i in range(0, flat.shape[0], chunk):
-        logits = lm_logits(target, flat[i:i + chunk]).float()
+        logits = F.linear(flat[i:i + chunk].to(dtype), weight, bias).float()
+        if cap:  # Gemma-2/3 (target.lm_logits)
+            logits = torch.tanh(logits / cap) * cap
         index[i:i + chunk] = to_draft[logits.argmax(-1)]
         probs[i:i + chunk] = torch.softmax(logits[:, vocab_ids], dim=-1)
     return Teacher(probs.view(b, t, -1), index.view(b, t))
@@ -156,56 +201,66 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 class HeadSoftCrossEntropy(torch.autograd.Function):
-    """sum over rows of softCE(h @ W^T, p): the LM head and the loss fused, chunk by chunk.
+    """sum_r w_r softCE(h_r @ W^T, p_r): the LM head and the loss fused, chunk by chunk.
 
     ``p`` rows are gathered from the teacher tensor per chunk (``probs[rows, cols]``), and the
-    gradients w.r.t. ``h`` and ``W`` are computed in the forward (d loss / dz = softmax(z) - p),
-    so no [rows x vocab] tensor outlives its chunk: an S-step unroll keeps S x ([rows, H] + [V, H])
-    instead of S x 2 x [rows, V] (logits and p) until backward. Backward only scales the stored
-    gradients by the incoming scalar. Returns (loss_sum, argmax of each row's logits).
+    gradients w.r.t. ``h`` and ``W`` are computed in the forward (d loss / dz = w (softmax(z) - p)),
+    so no [rows x vocab] tensor outlives its chunk. The TTT unroll calls it once for the rows of
+    all its steps (``w_r`` = decay^s / n_s): one [V, H] weight gradient is kept until the backward,
+    not one per step (7 x 115 MB for a 32,000 x 896 head). Backward only scales the stored
+    gradients by the incoming scalar. Returns (loss, per-row softCE, argmax of each row's logits).
     """
 
     @staticmethod
-    def forward(ctx, h, weight, probs, rows, cols, want_grad: bool, max_elements: int):
+    def forward(ctx, h, weight, probs, rows, cols, row_weight, want_grad: bool, max_elements: int):
         n, vocab = h.shape[0], weight.shape[0]
         chunk = max(1, max_elements // max(1, vocab))
         need_h, need_w = want_grad and ctx.needs_input_grad[0], want_grad and ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        loss = torch.zeros((), dtype=torch.float32, device=h.device)
-        preds = []
+        row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
+        pred = torch.empty(n, dtype=torch.long, device=h.device)
         for i in range(0, n, chunk):
             hc = h[i:i + chunk]
             z = F.linear(hc, weight).float()
             p = probs[rows[i:i + chunk], cols[i:i + chunk]]
             lse = torch.logsumexp(z, dim=-1)
-            loss += (lse - torch.linalg.vecdot(p, z)).sum()
-            preds.append(z.argmax(-1))
+            row_loss[i:i + chunk] = lse - torch.linalg.vecdot(p, z)
+            pred[i:i + chunk] = z.argmax(-1)
             if need_h or need_w:
                 g = z.sub_(lse[:, None]).exp_().sub_(p)  # softmax(z) - p, in z's storage
+                g.mul_(row_weight[i:i + chunk, None].to(g.dtype))
                 if need_h:
                     grad_h[i:i + chunk] = torch.matmul(g, weight.to(g.dtype)).to(h.dtype)
                 if need_w:
                     grad_w += torch.matmul(g.t(), hc.to(g.dtype)).float()
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
-        pred = torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long, device=h.device)
-        ctx.mark_non_differentiable(pred)
-        return loss, pred
+        ctx.mark_non_differentiable(row_loss, pred)
+        return torch.linalg.vecdot(row_loss, row_weight.float()), row_loss, pred
 
     @staticmethod
-    def backward(ctx, grad, _grad_pred):
+    def backward(ctx, grad, _grad_row_loss, _grad_pred):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * grad).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
+
+
+class HeadLoss(NamedTuple):
+    loss: torch.Tensor      # scalar: sum_r w_r softCE_r (differentiable in h and W)
+    row_loss: torch.Tensor  # [rows] softCE_r, detached
+    pred: torch.Tensor      # [rows] argmax of the draft logits
 
 
 def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-                            cols: torch.Tensor, max_elements: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_r softCE(h[r] @ W^T, probs[rows[r], cols[r]]), argmax_r): see HeadSoftCrossEntropy."""
+                            cols: torch.Tensor, row_weight: torch.Tensor | None = None,
+                            max_elements: int = 1 << 24) -> HeadLoss:
+    """sum_r w_r softCE(h[r] @ W^T, probs[rows[r], cols[r]]) (w = 1 if not given): see HeadSoftCrossEntropy."""
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    return HeadSoftCrossEntropy.apply(h, weight, probs, rows, cols, want_grad, max_elements)
+    if row_weight is None:
+        row_weight = torch.ones(h.shape[0], dtype=torch.float32, device=h.device)
+    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, rows, cols, row_weight, want_grad, max_elements))
 
 
 class TTTOutput(NamedTuple):
@@ -240,23 +295,31 @@ class TTTModel(nn.Module):
         the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
         a position whose target argmax lies outside the draft vocab as a miss.
         """
-        total = 0.0
-        step_loss, correct, counted = [], [], []
+        # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
+        where = [shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True) for s in range(self.steps)]
+        counted = torch.tensor([r.numel() for r, _ in where], device=loss_mask.device)
+        step_of = torch.repeat_interleave(torch.arange(self.steps, device=loss_mask.device), counted)
+        rows = torch.cat([r for r, _ in where])
+        cols = torch.cat([c + 1 + s for s, (_, c) in enumerate(where)])  # the teacher's position
+        # The head's input for the rows of every step, filled step by step in place (no list and
+        # concatenation holding it twice); one fused head + loss call then covers all steps.
+        h, start = None, 0
         streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention, self.recompute)
         for s, a in enumerate(streams):
-            # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
-            rows, cols = shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True)
-            # Head and loss fused: the teacher rows used are gathered chunk by chunk (no shifted
-            # copy) and no [rows x vocab] logits are kept for the backward.
-            loss_sum, pred = head_soft_cross_entropy(self.draft.norm(a[rows, cols]), self.draft.lm_head.weight,
-                                                     teacher_probs, rows, cols + 1 + s)
-            n = rows.numel()
-            loss_s = loss_sum / max(n, 1)
-            total = total + (self.decay ** s) * loss_s
-            step_loss.append(loss_s.detach())
-            correct.append((pred == teacher_index[rows, cols + 1 + s]).sum())
-            counted.append(torch.tensor(n, device=loss_sum.device))
-        return TTTOutput(total, torch.stack(step_loss), torch.stack(correct), torch.stack(counted))
+            r, c = where[s]
+            hs = self.draft.head_input(a[r, c])
+            if h is None:
+                h = hs.new_empty(rows.numel(), hs.shape[-1])
+            h[start:start + r.numel()] = hs
+            start += r.numel()
+        decay = torch.tensor([self.decay ** s for s in range(self.steps)], device=loss_mask.device)
+        row_weight = (decay / counted.clamp_min(1))[step_of]
+        loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs, rows, cols,
+                                                       row_weight)
+        step_loss = torch.zeros(self.steps, device=row_loss.device).index_add_(0, step_of, row_loss)
+        hits = (pred == teacher_index[rows, cols]).long()
+        correct = torch.zeros(self.steps, dtype=torch.long, device=pred.device).index_add_(0, step_of, hits)
+        return TTTOutput(loss, step_loss / counted.clamp_min(1), correct, counted)
 
 
 def acceptance_length(acc: list[float]) -> float:

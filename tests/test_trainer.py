@@ -352,3 +352,61 @@ def test_eagle31_variant_trains_its_norms_and_warns_about_refusing_engines(store
     t = load_file(str(tmp_path / "v31" / "model.safetensors"))
     assert all(not torch.equal(t[f"fc_norm.{i}.weight"].float(), torch.ones(64)) for i in range(3))  # they learned
     assert res.draft.config.variant == "eagle3.1"
+
+
+# ---- memory (issue 13 item 8) ------------------------------------------------------------------
+
+def test_bf16_target_keeps_frozen_weights_in_bf16_and_trains_the_same(tmp_path, smol_tiny_dir):
+    """A bf16 checkpoint: the teacher's head and the draft's embedding are kept in bf16 (half the
+    memory) and training gives exactly what the fp32 copies give (--dtype float32 loads them so):
+    widening bf16 to fp32 is exact, the head is widened before its matmul, the embedding's rows
+    after their lookup."""
+    from transformers import AutoModelForCausalLM
+
+    src = peaky_target(tmp_path / "t32", smol_tiny_dir)
+    bf16 = tmp_path / "t16"
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(bf16)
+    for f in src.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            (bf16 / f.name).write_bytes(f.read_bytes())
+    data = build_store(tmp_path / "store", bf16, n=12)
+    kw = dict(epochs=1, val_fraction=0.0)
+    small = train(config(data, bf16, tmp_path / "a", **kw), quiet=True)
+    wide = train(config(data, bf16, tmp_path / "b", dtype="float32", **kw), quiet=True)
+    assert small.draft.embed_tokens.weight.dtype == torch.bfloat16
+    assert wide.draft.embed_tokens.weight.dtype == torch.float32
+    a, b = weights(small.draft), weights(wide.draft)
+    assert small.step == wide.step >= 2 and a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k].to(b[k].dtype), b[k]), k
+    assert [h["loss"] for h in small.history] == [h["loss"] for h in wide.history]
+
+
+def test_recompute_and_no_recompute_train_the_same_draft(store, target_dir, tmp_path):
+    """--recompute (checkpointed TTT steps) and --no-recompute give the same losses and weights."""
+    on = train(config(store, target_dir, tmp_path / "on", epochs=1, recompute=True), quiet=True)
+    off = train(config(store, target_dir, tmp_path / "off", epochs=1, recompute=False), quiet=True)
+    assert on.step == off.step >= 2
+    for x, y in zip(on.history, off.history):
+        if "loss" in x:
+            assert abs(x["loss"] - y["loss"]) <= 1e-6 * abs(y["loss"]) and x["acc"] == y["acc"]
+    a, b = weights(on.draft), weights(off.draft)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+
+
+def test_recompute_auto_is_on_for_a_large_target_and_off_for_a_small_one():
+    """--recompute auto decides by what the unroll would keep: a 0.5B Qwen's layer at the default
+    8,192 tokens x 7 steps (about 5 GB) is recomputed, SmolLM2's at the quickstart's 1,024 x 3 is not."""
+    from types import SimpleNamespace
+
+    from eagle3cli.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, use_recompute
+
+    qwen = SimpleNamespace(hidden_size=896, intermediate_size=4864)
+    smol = SimpleNamespace(hidden_size=576, intermediate_size=1536)
+    cfg = TrainConfig(data="x")
+    assert cfg.recompute is None and cfg.max_tokens == 8192 and cfg.ttt_steps == 7
+    assert kept_activation_bytes(8192, 7, qwen) > 4 * RECOMPUTE_ABOVE and use_recompute(cfg, qwen)
+    assert not use_recompute(replace(cfg, max_tokens=1024, ttt_steps=3), smol)
+    assert not use_recompute(replace(cfg, recompute=False), qwen)
+    assert use_recompute(replace(cfg, recompute=True, max_tokens=16), smol)

@@ -46,6 +46,26 @@ def test_ttt_attention_matches_full_mask_reference_values_and_grads():
             torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
 
 
+def test_ttt_attention_in_query_blocks_matches_the_reference():
+    """Row blocks of every size (1 row, uneven, all rows), checkpointed under autograd, give the
+    whole-matrix values and gradients: the blocking only bounds memory."""
+    torch.manual_seed(1)
+    b, h, t, d, s = 2, 3, 11, 8, 3
+    leaves = [torch.randn(b, h, t, d, requires_grad=True) for _ in range(1 + 2 * (s + 1))]
+    q, keys, values = leaves[0], leaves[1:s + 2], leaves[s + 2:]
+    ref = naive_attention(q, keys, values)
+    w = torch.randn_like(ref)
+    g_ref = torch.autograd.grad((ref * w).sum(), leaves)
+    for rows in (1, 4, 5, t):
+        out = ttt_attention(q, keys, values, max_elements=rows * b * h * t)
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+        for a, r in zip(torch.autograd.grad((out * w).sum(), leaves), g_ref):
+            torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # evaluation: blocks without checkpoints, same values
+        torch.testing.assert_close(ttt_attention(q, keys, values, max_elements=4 * b * h * t), ref.detach(),
+                                   atol=1e-6, rtol=1e-5)
+
+
 def random_batch(vocab=256, draft_vocab_ids=None, b=2, t=12, seed=1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (b, t), generator=g)
@@ -146,14 +166,67 @@ def test_fused_head_loss_matches_logits_then_loss():
     ref_logits = F.linear(h, w)
     ref = soft_cross_entropy(ref_logits, probs[rows, cols]).sum()
     ref_gh, ref_gw = torch.autograd.grad(3.0 * ref, (h, w))
-    loss, pred = head_soft_cross_entropy(h, w, probs, rows, cols, max_elements=50 * 8)
+    loss, row_loss, pred = head_soft_cross_entropy(h, w, probs, rows, cols, max_elements=50 * 8)
     gh, gw = torch.autograd.grad(3.0 * loss, (h, w))
     torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(row_loss, soft_cross_entropy(ref_logits, probs[rows, cols]).detach())
     assert torch.equal(pred, ref_logits.argmax(-1))
     torch.testing.assert_close(gh, ref_gh)
     torch.testing.assert_close(gw, ref_gw)
     with torch.no_grad():  # evaluation: no gradients computed, same loss
         torch.testing.assert_close(head_soft_cross_entropy(h, w, probs, rows, cols)[0], ref.detach())
+    # Row weights (the unroll's decay^s / n_s): the loss and both gradients are weighted per row.
+    rw = torch.rand(37, generator=g)
+    ref_w = (soft_cross_entropy(F.linear(h, w), probs[rows, cols]) * rw).sum()
+    ref_gh, ref_gw = torch.autograd.grad(ref_w, (h, w))
+    loss_w = head_soft_cross_entropy(h, w, probs, rows, cols, rw, max_elements=50 * 8).loss
+    gh, gw = torch.autograd.grad(loss_w, (h, w))
+    torch.testing.assert_close(loss_w, ref_w)
+    torch.testing.assert_close(gh, ref_gh)
+    torch.testing.assert_close(gw, ref_gw)
+
+
+def reference_unroll(draft, ids, aux, mask, probs, index, steps, decay):
+    """The TTT loss by its definition: per step, the draft's logits (Eagle3Draft.logits) of the
+    counted positions, soft cross-entropy against the teacher one position on, decayed sum."""
+    total, step_loss, correct = 0.0, [], []
+    for s, a in enumerate(ttt_streams(draft, ids, aux, steps, recompute=False)):
+        rows, cols = shift_left(mask, 2 + s, fill=False).nonzero(as_tuple=True)
+        logits = draft.logits(a[rows, cols]).float()
+        loss_s = soft_cross_entropy(logits, probs[rows, cols + 1 + s]).mean()
+        total = total + decay ** s * loss_s
+        step_loss.append(loss_s.detach())
+        correct.append(int((logits.argmax(-1) == index[rows, cols + 1 + s]).sum()))
+    return total, torch.stack(step_loss), correct
+
+
+def test_unroll_loss_and_grads_equal_the_per_step_definition():
+    """One fused head + loss call over the rows of all steps (one [V, H] gradient kept, not one
+    per step) == the per-step logits and losses, for EAGLE-3 and for EAGLE-3.1, whose output
+    stream is already normed (lm_head must not norm it again)."""
+    from dataclasses import replace
+
+    for variant in ({}, {"fc_norm": True, "norm_output": True}):
+        draft = make_draft()
+        if variant:
+            twin = Eagle3Draft(replace(draft.config, **variant))
+            twin.load_state_dict(draft.state_dict(), strict=False)
+            with torch.no_grad():  # norms away from ones, so a second norm would show
+                for name, p in twin.named_parameters():
+                    if "norm" in name:
+                        p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)) * 0.3)
+            draft = twin
+        batch = random_batch(draft_vocab_ids=draft.d2t)
+        params = [p for p in draft.parameters() if p.requires_grad]
+        out = TTTModel(draft, steps=5, decay=0.8)(*batch)
+        got = torch.autograd.grad(out.loss, params)
+        ref_loss, ref_steps, ref_correct = reference_unroll(draft, *batch, steps=5, decay=0.8)
+        want = torch.autograd.grad(ref_loss, params)
+        torch.testing.assert_close(out.loss, ref_loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.step_loss, ref_steps, atol=1e-5, rtol=1e-5)
+        assert out.correct.tolist() == ref_correct
+        for a, r in zip(got, want):
+            torch.testing.assert_close(a, r, atol=1e-6, rtol=1e-4)
 
 
 def test_recomputed_steps_give_the_same_loss_and_grads():
