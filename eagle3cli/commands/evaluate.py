@@ -52,9 +52,9 @@ def evaluate(
     load_in_4bit: bool = Load4,
     adapter: Optional[str] = Adapter,
     trust_remote_code: bool = TrustRemoteCode,
-    engine: str = typer.Option("eagle3", "--engine", help="eagle3 (our generator) or llama.cpp: also measure the "
-                               "draft in llama-server (chain of --steps, greedy), beside our numbers."),
-    engine_only: bool = typer.Option(False, "--engine-only", help="With --engine llama.cpp: skip our generator."),
+    engine: str = typer.Option("eagle3", "--engine", help="eagle3 (our generator), llama.cpp or vllm: also measure "
+                               "the draft in llama-server or vLLM (chain of --steps, greedy), beside our numbers."),
+    engine_only: bool = typer.Option(False, "--engine-only", help="With --engine llama.cpp|vllm: skip our generator."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR",
                                              help="Where llama-server is (or a llama.cpp tree with build/bin); "
                                                   "default: $EAGLE3_LLAMA_CPP, then PATH."),
@@ -62,15 +62,29 @@ def evaluate(
                                                help="The target as GGUF (default: converted from --model into OUT/gguf)."),
     draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", metavar="FILE",
                                               help="The draft as GGUF (default: exported into OUT/gguf)."),
-    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="llama.cpp -t (default: its own)."),
+    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="llama.cpp -t, vLLM's "
+                                                  "OMP_NUM_THREADS (default: their own)."),
     engine_p_min: float = typer.Option(0.0, "--engine-p-min",
                                        help="llama.cpp --spec-draft-p-min (0: always draft --steps tokens, as chain mode)."),
+    # --engine vllm (eagle3cli/vllm_eval.py): the interpreter of the environment that has vLLM.
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", envvar="EAGLE3_VLLM_PYTHON",
+                                              help="--engine vllm: the python of the environment with vLLM "
+                                                   "(default: this one)."),
 ):
     """Speculative vs plain decoding on the same prompts: tau, n-alpha, tokens/s, speedup, lossless check."""
-    if engine not in ("eagle3", "llama.cpp"):
-        fail(f"--engine must be eagle3 or llama.cpp, got {engine!r}")
+    if engine not in ("eagle3", "llama.cpp", "vllm"):
+        fail(f"--engine must be eagle3, llama.cpp or vllm, got {engine!r}")
     if engine_only and engine == "eagle3":
-        fail("--engine-only needs --engine llama.cpp")
+        fail("--engine-only needs --engine llama.cpp or vllm")
+    if engine == "vllm":
+        if temperature != 0:
+            fail("--engine vllm measures greedy decoding: drop --temperature")
+        from ..vllm_eval import VllmEngineError, check_python
+
+        try:
+            check_python(vllm_python)  # one line now rather than after our generator has run
+        except VllmEngineError as e:
+            fail(str(e))
     server_bin = None
     if engine == "llama.cpp":
         if temperature != 0:
@@ -117,14 +131,23 @@ def evaluate(
     from ..target import load_config, load_target, load_tokenizer
 
     spec = target_spec(model, revision, dtype, device, load_in_8bit, load_in_4bit, adapter, trust_remote_code)
+    if engine == "vllm":  # an engine that refuses the target family: one line before anything runs
+        from ..vllm_eval import check_target
+
+        try:
+            check_target(load_config(spec))
+        except (VllmEngineError, OSError, ValueError) as e:
+            fail(str(e))
+    run_engine = (lambda: _run_vllm(spec, draft, task, data, limit, out, max_new_tokens, steps, vllm_python, dtype,
+                                    engine_threads)) if engine == "vllm" else \
+        (lambda: _run_engine(spec, draft, task, data, limit, out, max_new_tokens, steps, server_bin, llama_cpp,
+                             target_gguf, draft_gguf, engine_threads, engine_p_min, temperature))
     if engine_only:
         from ..evaluate import hardware
 
         results = {"hardware": hardware(), "settings": {"mode": "chain", "steps": steps, "temperature": temperature,
                                                         "max_new_tokens": max_new_tokens}, "tasks": {}, "per_category": []}
-        return _finish(results, model, draft, out, _run_engine(spec, draft, task, data, limit, out, max_new_tokens,
-                                                               steps, server_bin, llama_cpp, target_gguf, draft_gguf,
-                                                               engine_threads, engine_p_min, temperature))
+        return _finish(results, model, draft, out, run_engine())
     cfg = EvalConfig(tasks=list(task), data=data, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_p=top_p, sampling_top_k=sampling_top_k, mode=mode,
                      total_tokens=total, depth=depth, top_k=top_k, steps=steps, tree_auto=auto,
@@ -155,10 +178,7 @@ def evaluate(
                                log=lambda m: console.print(m, highlight=False))
     except (EvalError, UnsupportedTarget, FileNotFoundError, ValueError) as e:
         fail(str(e))
-    section = None
-    if server_bin is not None:
-        section = _run_engine(spec, draft, task, data, limit, out, max_new_tokens, steps, server_bin, llama_cpp,
-                              target_gguf, draft_gguf, engine_threads, engine_p_min, temperature)
+    section = run_engine() if engine != "eagle3" else None
     _finish(results, model, draft, out, section)
 
 
@@ -180,6 +200,26 @@ def _run_engine(spec, draft, tasks, data, limit, out, max_new_tokens, steps, ser
         return run(loaded, load_tokenizer(spec), server_bin, tg, dg, n_max=steps, p_min=p_min,
                    max_new_tokens=max_new_tokens, threads=threads, log_dir=Path(out), log=say)
     except (LlamaCppError, EvalError) as e:
+        fail(str(e))
+
+
+def _run_vllm(spec, draft, tasks, data, limit, out, max_new_tokens, steps, python, dtype, threads) -> dict:
+    """The draft in vLLM (eagle3cli/vllm_eval.py): the results' ``engine`` section."""
+    from ..evaluate import EvalError, load_task
+    from ..formats import FormatError
+    from ..target import load_config, load_tokenizer
+    from ..vllm_eval import VllmEngineError, run
+
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the vLLM worker too when killed
+    try:
+        loaded = [load_task(t, data, limit) for t in tasks]
+        return run(loaded, load_tokenizer(spec), python, spec.model, draft, k=steps, max_new_tokens=max_new_tokens,
+                   out=Path(out), target_config=load_config(spec), dtype=None if dtype == "auto" else dtype,
+                   threads=threads, log=lambda m: console.print(m, highlight=False))
+    except (VllmEngineError, EvalError, FormatError, FileNotFoundError) as e:
         fail(str(e))
 
 
@@ -206,7 +246,10 @@ def show(results: dict):
 
     out = report_console()
     if results.get("engine"):
-        from ..llamacpp import engine_table
+        if results["engine"].get("name") == "vLLM":
+            from ..vllm_eval import engine_table
+        else:
+            from ..llamacpp import engine_table
 
         out.print(engine_table(results["engine"]))
     if not results["tasks"]:
