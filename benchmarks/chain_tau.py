@@ -69,10 +69,28 @@ def main(argv=None) -> int:
             messages.append({"role": "assistant", "content": tok.decode(out.tokens, skip_special_tokens=True)})
         print(f"{n}/{len(prompts)} prompts: {rows[-1]['prompt_tokens']} prompt tokens, tau so far "
               f"{sum(r['decode_tokens'] for r in rows) / max(1, sum(r['forwards'] for r in rows)):.3f}", flush=True)
+        if args.json_out:  # after every prompt: a run stopped early still leaves its numbers
+            write(summary(args, rows, fast, note, depth, t_all, partial=n < len(prompts)), args.json_out)
+    res = summary(args, rows, fast, note, depth, t_all)
+    print(json.dumps({k: v for k, v in res.items() if k != "rows"}, indent=1))
+    if args.json_out:
+        write(res, args.json_out)
+    return 0
+
+
+def write(res: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(path)
+
+
+def summary(args, rows, fast, note, depth, t_all, partial=False) -> dict:
     fwd = sum(r["forwards"] for r in rows)
     cycles = [a for r in rows for a in r["accept_lengths"]]
     k = args.steps if args.mode == "chain" else depth
-    res = {
+    return {
+        "partial": partial,
         "model": args.model, "draft": args.draft, "prompts": args.prompts, "mode": args.mode, "steps": args.steps,
         "max_new_tokens": args.max_new_tokens, "answers": len(rows), "path": "fast" if fast else f"hf ({note})",
         "prompt_tokens": {"min": min(r["prompt_tokens"] for r in rows), "max": max(r["prompt_tokens"] for r in rows),
@@ -86,11 +104,6 @@ def main(argv=None) -> int:
         "seconds": round(time.perf_counter() - t_all, 1),
         "rows": rows,
     }
-    print(json.dumps({k: v for k, v in res.items() if k != "rows"}, indent=1))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(res, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -70,8 +70,11 @@ class VllmWorker:
         r, w = os.pipe()
         cmd = [self.python, "-m", self.module, "--config", json.dumps(self.config), "--reply-fd", str(w)]
         try:
+            # Its own process group: vLLM spawns engine-core and worker processes, which a kill of
+            # the worker alone would leave running (close() stops the whole group).
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, text=True,
-                                         pass_fds=(w,), env=worker_env(self.config.get("threads")))
+                                         pass_fds=(w,), env=worker_env(self.config.get("threads")),
+                                         start_new_session=True)
         finally:
             os.close(w)
         self.reply = os.fdopen(r, "r")
@@ -107,6 +110,15 @@ class VllmWorker:
     def __exit__(self, *exc):
         self.close()
 
+    def _kill_group(self):
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
     def close(self):
         if self.proc is not None and self.proc.poll() is None:
             try:
@@ -114,8 +126,9 @@ class VllmWorker:
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=120)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        if self.proc is not None:
+            self._kill_group()  # the worker is gone (or stuck); vLLM processes it started may not be
         if self.reply is not None:
             self.reply.close()
         if self.tmp:
