@@ -11,6 +11,10 @@ turn (the model's own answer becomes context for the next turn). Prints the mean
 length (1 + accepted / drafts: tokens per target forward, bonus token included) and the
 per-position acceptance rates from vLLM's own counters (``LLM.get_metrics()``).
 
+``eagle3 eval --engine vllm`` (eagle3cli/vllm_eval.py, worker eagle3cli/vllm_decode.py) is the
+same measurement from eagle3 itself, beside our generator's numbers in one results.json; this
+script stays the standalone version, run by the vLLM Python alone.
+
 ``--mode plain`` decodes without the draft; ``--mode both`` runs plain then speculative (each in
 its own process, so two engines never share RAM) and reports how many outputs differ: with a
 correct draft, greedy speculative output equals plain output (up to CPU float noise).

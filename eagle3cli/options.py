@@ -169,7 +169,7 @@ class GenDataOptions(TargetOptions):
 
 # ---------------------------------------------------------------------------------- eval
 
-EVAL_ENGINES = ("eagle3", "llama.cpp")
+EVAL_ENGINES = ("eagle3", "llama.cpp", "vllm")
 AUTO_TREE = (60, 8, 10)  # what --tree auto starts from before it measures (evaluate.choose_tree)
 GPU_TREE, CPU_TREE = "60,8,10", "12,4,4"  # a CPU verifies a big tree too slowly to gain from it
 
@@ -211,17 +211,20 @@ class EvalOptions(TargetOptions):
     fast: str = option("auto", "auto|on|off: verify through the fast path (static cache, packed matmuls; "
                                "Llama/Mistral/Qwen2/Qwen3, greedy) where it applies, and measure plain decoding on "
                                "it too; speedup is against the faster plain decoding.")
-    engine: str = option("eagle3", "eagle3 (our generator) or llama.cpp: also measure the draft in llama-server "
-                                   "(chain of --steps, greedy), beside our numbers.")
-    engine_only: bool = option(False, "With --engine llama.cpp: skip our generator.")
+    engine: str = option("eagle3", "eagle3 (our generator), llama.cpp or vllm: also measure the draft in "
+                                   "llama-server or vLLM (chain of --steps, greedy), beside our numbers.")
+    engine_only: bool = option(False, "With --engine llama.cpp|vllm: skip our generator.")
     llama_cpp: Path | None = option(None, "Where llama-server is (or a llama.cpp tree with build/bin); default: "
                                           "$EAGLE3_LLAMA_CPP, then PATH.", metavar="DIR")
     target_gguf: Path | None = option(None, "The target as GGUF (default: converted from --model into OUT/gguf).",
                                       metavar="FILE")
     draft_gguf: Path | None = option(None, "The draft as GGUF (default: exported into OUT/gguf).", metavar="FILE")
-    engine_threads: int | None = option(None, "llama.cpp -t (default: its own).")
+    engine_threads: int | None = option(None, "llama.cpp -t, vLLM's OMP_NUM_THREADS (default: their own).")
     engine_p_min: float = option(0.0, "llama.cpp --spec-draft-p-min (0: always draft --steps tokens, as chain "
                                       "mode).")
+    # --engine vllm (eagle3cli/vllm_eval.py): the interpreter of the environment that has vLLM.
+    vllm_python: str | None = option(None, "--engine vllm: the python of the environment with vLLM (default: "
+                                           "this one).", envvar="EAGLE3_VLLM_PYTHON")
 
     def validate(self):
         """Refuse flag values that cannot run, before any model is loaded."""
@@ -243,11 +246,11 @@ class EvalOptions(TargetOptions):
 
     def _check_engine(self):
         if self.engine not in EVAL_ENGINES:
-            raise OptionError(f"--engine must be {' or '.join(EVAL_ENGINES)}, got {self.engine!r}")
+            raise OptionError(f"--engine must be {', '.join(EVAL_ENGINES[:-1])} or {EVAL_ENGINES[-1]}, got {self.engine!r}")
         if self.engine_only and self.engine == "eagle3":
-            raise OptionError("--engine-only needs --engine llama.cpp")
-        if self.engine == "llama.cpp" and self.temperature != 0:
-            raise OptionError("--engine llama.cpp measures greedy decoding: drop --temperature")
+            raise OptionError("--engine-only needs --engine llama.cpp or vllm")
+        if self.engine != "eagle3" and self.temperature != 0:
+            raise OptionError(f"--engine {self.engine} measures greedy decoding: drop --temperature")
 
     def tree_shape(self) -> tuple[bool, int, int, int]:
         """(auto, total_tokens, depth, top_k) of --tree, defaulting by where the target runs."""

@@ -48,8 +48,16 @@ def worker_env(threads: int | None = None) -> dict:
     return env
 
 
-class VllmCapture:
-    """One vLLM engine (with its own tensor/pipeline parallel workers) for a gen-data process."""
+class VllmWorker:
+    """A worker module run by the vLLM Python: JSON requests on its stdin, one JSON reply per line
+    on a pipe of its own (vLLM logs on stdout/stderr, so replies never mix with them).
+
+    ``module`` is the worker's module (``eagle3cli.vllm_capture`` for gen-data,
+    ``eagle3cli.vllm_decode`` for eval); it is started as ``PYTHON -m MODULE --config JSON
+    --reply-fd N`` and answers ``{"ok": true, ...}`` once its engine is up.
+    """
+
+    module = "eagle3cli.vllm_capture"
 
     def __init__(self, python: str, config: dict, log=None):
         self.python, self.config, self.log = python, config, log or sys.stderr
@@ -60,10 +68,13 @@ class VllmCapture:
 
     def start(self) -> dict:
         r, w = os.pipe()
-        cmd = [self.python, "-m", "eagle3cli.vllm_capture", "--config", json.dumps(self.config), "--reply-fd", str(w)]
+        cmd = [self.python, "-m", self.module, "--config", json.dumps(self.config), "--reply-fd", str(w)]
         try:
+            # Its own process group: vLLM spawns engine-core and worker processes, which a kill of
+            # the worker alone would leave running (close() stops the whole group).
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, text=True,
-                                         pass_fds=(w,), env=worker_env(self.config.get("threads")))
+                                         pass_fds=(w,), env=worker_env(self.config.get("threads")),
+                                         start_new_session=True)
         finally:
             os.close(w)
         self.reply = os.fdopen(r, "r")
@@ -75,26 +86,38 @@ class VllmCapture:
         line = self.reply.readline()
         if not line:
             rc = self.proc.wait()
-            raise VllmEngineError(f"the vLLM worker exited (code {rc}) while {what}: see its log above; check "
+            raise VllmEngineError(f"the vLLM worker exited (code {rc}) while {what}: {self.log_hint()}check "
                                   f"that {self.python} can import vllm")
         msg = json.loads(line)
         if not msg.get("ok"):
             raise VllmEngineError(f"vLLM worker: {msg.get('error')}")
         return msg
 
-    def capture(self, samples: list[dict]) -> dict:
-        """Fill ``aux``/``final`` of each sample (``input_ids`` lists) from one vLLM pass over them."""
-        from safetensors import safe_open
+    def log_hint(self) -> str:
+        name = getattr(self.log, "name", None)
+        return f"see {name}; " if isinstance(name, str) and not name.startswith("<") else "see its log above; "
 
-        out = os.path.join(self.tmp, "capture.safetensors")
-        req = {"op": "capture", "ids": [list(map(int, s["input_ids"])) for s in samples], "out": out}
+    def request(self, req: dict, what: str) -> dict:
+        """Send one request, return its reply (a failed one raises VllmEngineError)."""
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        msg = self._read("capturing")
-        with safe_open(out, framework="pt") as f:
-            fill_samples(samples, f.get_tensor("aux"), f.get_tensor("final"), f.get_tensor("offsets"))
-        os.unlink(out)
-        return msg
+        return self._read(what)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _kill_group(self):
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
 
     def close(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -103,13 +126,32 @@ class VllmCapture:
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=120)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        if self.proc is not None:
+            self._kill_group()  # the worker is gone (or stuck); vLLM processes it started may not be
         if self.reply is not None:
             self.reply.close()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
         self.proc = None
+
+
+class VllmCapture(VllmWorker):
+    """One vLLM engine (with its own tensor/pipeline parallel workers) for a gen-data process."""
+
+    module = "eagle3cli.vllm_capture"
+
+    def capture(self, samples: list[dict]) -> dict:
+        """Fill ``aux``/``final`` of each sample (``input_ids`` lists) from one vLLM pass over them."""
+        from safetensors import safe_open
+
+        out = os.path.join(self.tmp, "capture.safetensors")
+        req = {"op": "capture", "ids": [list(map(int, s["input_ids"])) for s in samples], "out": out}
+        msg = self.request(req, "capturing")
+        with safe_open(out, framework="pt") as f:
+            fill_samples(samples, f.get_tensor("aux"), f.get_tensor("final"), f.get_tensor("offsets"))
+        os.unlink(out)
+        return msg
 
 
 def fill_samples(samples: list[dict], aux, final, offsets):

@@ -173,8 +173,9 @@ def test_eval_config_from_options(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"engine": "vllm-x"}, "--engine must be eagle3 or llama.cpp, got 'vllm-x'"),
-    ({"engine_only": True}, "--engine-only needs --engine llama.cpp"),
+    ({"engine": "vllm-x"}, "--engine must be eagle3, llama.cpp or vllm, got 'vllm-x'"),
+    ({"engine": "vllm", "temperature": 0.7}, "--engine vllm measures greedy decoding: drop --temperature"),
+    ({"engine_only": True}, "--engine-only needs --engine llama.cpp or vllm"),
     ({"engine": "llama.cpp", "temperature": 0.7}, "--engine llama.cpp measures greedy decoding: drop --temperature"),
     ({"mode": "beam"}, "--mode must be tree or chain, got 'beam'"),
     ({"baseline": "ngram"}, "--baseline must be prompt-lookup, got 'ngram'"),

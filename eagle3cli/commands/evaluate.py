@@ -22,10 +22,18 @@ def evaluate(**flags):
 
         server_bin = find_binary(llama_cpp=opts.llama_cpp)  # before any model is loaded
     spec = TargetSpec.of(opts)
-    if opts.engine_only:  # llama-server's numbers alone
-        return _finish(_no_tasks(opts), opts, _run_engine(opts, spec, server_bin))
+    if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
+        from ..target import load_config
+        from ..vllm_eval import check_python, check_target
+
+        check_python(opts.vllm_python)
+        check_target(load_config(spec))
+    engine = {"llama.cpp": lambda: _run_engine(opts, spec, server_bin),
+              "vllm": lambda: _run_vllm(opts, spec)}.get(opts.engine)
+    if opts.engine_only:  # the engine's numbers alone
+        return _finish(_no_tasks(opts), opts, engine())
     results = _run_ours(opts, spec)
-    _finish(results, opts, _run_engine(opts, spec, server_bin) if server_bin is not None else None)
+    _finish(results, opts, engine() if engine else None)
 
 
 def _no_tasks(opts: EvalOptions) -> dict:
@@ -91,6 +99,23 @@ def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
                max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say)
 
 
+def _run_vllm(opts: EvalOptions, spec) -> dict:
+    """The draft in vLLM (eagle3cli/vllm_eval.py): the results' ``engine`` section."""
+    import signal
+    import sys
+
+    from ..evaluate import load_task
+    from ..target import load_config, load_tokenizer
+    from ..vllm_eval import run
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the vLLM worker too when killed
+    loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]
+    return run(loaded, load_tokenizer(spec), opts.vllm_python, spec.model, opts.draft, k=opts.steps,
+               max_new_tokens=opts.max_new_tokens, out=Path(opts.out), target_config=load_config(spec),
+               dtype=None if opts.dtype == "auto" else opts.dtype, threads=opts.engine_threads,
+               log=lambda m: console.print(m, highlight=False))
+
+
 def _finish(results, opts: EvalOptions, section):
     from ..evaluate import write_results
 
@@ -114,8 +139,10 @@ def show(results: dict):
 
     out = report_console()
     if results.get("engine"):
-        from ..llamacpp import engine_table
-
+        if results["engine"].get("name") == "vLLM":
+            from ..vllm_eval import engine_table
+        else:
+            from ..llamacpp import engine_table
         out.print(engine_table(results["engine"]))
     if not results["tasks"]:
         return
