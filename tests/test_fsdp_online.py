@@ -114,3 +114,12 @@ def test_fsdp_refuses_offline_fsdp1_and_quantized():
         check_fsdp(Acc, online=True, quantized=False)
     Acc.state.fsdp_plugin.cpu_ram_efficient_loading = False
     check_fsdp(Acc, online=True, quantized=False)
+
+
+def test_held_out_batches_are_padded_only_for_a_sharded_target():
+    from eagle3cli.sharded_target import padded
+
+    batches = [[0], [1], [2]]
+    assert padded(batches, 0, 2, sharded=True) == [([0], True), ([2], True)]
+    assert padded(batches, 1, 2, sharded=True) == [([1], True), ([0], False)]  # run (a collective), not counted
+    assert padded(batches, 1, 2, sharded=False) == [([1], True)]
