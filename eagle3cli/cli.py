@@ -24,6 +24,7 @@ app = typer.Typer(
 # (command name, module in eagle3cli.commands, function). Order = order in --help.
 COMMANDS = [
     ("gen-data", "gen_data", "gen_data"),
+    ("merge-data", "merge_data", "merge_data"),
     ("train", "train", "train"),
     ("eval", "evaluate", "evaluate"),
     ("push", "push", "push"),

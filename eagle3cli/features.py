@@ -118,7 +118,14 @@ def store_shard_files(root: Path) -> list[Path]:
             named.append(shard_dir / file)
     if not named and not sidecars(shard_dir):
         named = [p for p in shard_dir.glob("shard-*.safetensors") if SHARD_FILE.match(p.name)]
-    return sorted(named)
+    return sorted(named, key=shard_order)
+
+
+def shard_order(path: Path):
+    """Sort key of a shard file: its global index first, so that a store written by several
+    ranks (or merged from several writers) lists its samples in the order one writer would."""
+    m = SHARD_FILE.match(Path(path).name)
+    return (int(m.group(2)), int(m.group(1))) if m else (float("inf"), 0)
 
 
 def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bfloat16):
@@ -192,6 +199,21 @@ def content_hash(model: str, gguf_file: str | None = None) -> str | None:
     return h.hexdigest()
 
 
+def settings_fingerprint(manifest: dict) -> str:
+    """sha256 of what makes two writers' shards parts of one store: the run settings (gen-data's
+    ``run``), the format and the target's identity. Paths give way to the content hashes when
+    those are known, since two machines may hold the same model and data under other paths."""
+    run = dict(manifest.get("run") or {})
+    target = manifest.get("target") or {}
+    if target.get("content_hash"):
+        run["model"] = "content:" + target["content_hash"]
+    if run.get("data_fingerprint"):
+        run["data"] = None
+    ident = {"format": manifest.get("format"), "version": manifest.get("version"), "run": run,
+             "target_revision": target.get("revision"), "shards_planned": manifest.get("shards_planned")}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
 def data_fingerprint(data: str) -> str | None:
     """sha256 of a local data file's content (a same-size edit must not reuse old shards);
     None for Hub datasets."""
@@ -213,7 +235,9 @@ def new_manifest(*, target: dict, model_type: str | None, hidden_size: int, voca
         "model_type": model_type, "hidden_size": hidden_size, "vocab_size": vocab_size, "num_layers": num_layers,
         "layer_ids": list(layer_ids), "features": features, "dtype": dtype, "chat_template_hash": chat_template_hash,
         "max_length": max_length, "num_samples": 0, "num_tokens": 0, "num_masked_tokens": 0, "bytes": 0,
-        "truncated": 0, "skipped": dict(skipped), "end_token_ids": sorted(end_token_ids), "source": dict(source),
+        "truncated": 0, "skipped": dict(skipped), "end_token_ids": sorted(end_token_ids),
+        # The reader's own skips, kept apart from the shards' (merge-data rebuilds the totals).
+        "source": dict(source, skipped=dict(skipped)),
         "eagle3_version": version, "run": run,
     }
 

@@ -199,13 +199,12 @@ def capture(
     ``final`` is ``hidden_states[N]``, the final-normed state the LM head reads, from which the
     teacher's logits are recomputed later.
     """
-    out = base_model(model)(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        output_hidden_states=True,
-        use_cache=False,
-        return_dict=True,
-    )
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
+                  return_dict=True)
+    from .sharded_target import forward_sharded, is_sharded
+
+    # A target sharded with FSDP (train --online under FSDP2) is entered through its root.
+    out = forward_sharded(model, **kwargs) if is_sharded(model) else base_model(model)(**kwargs)
     hs = out.hidden_states
     aux = torch.cat([hs[j] for j in layer_ids], dim=-1)
     return aux, hs[-1]

@@ -9,7 +9,8 @@
         loss       = TTTModel(batch).loss            # sum_s decay^s * loss_s  (ttt.py)
     save_draft(out) + training metadata              # passes inspect_draft
 
-Distribution goes through accelerate (one CPU, one GPU, or `accelerate launch` DDP/FSDP).
+Distribution goes through accelerate (one CPU, one GPU, or `accelerate launch` DDP; FSDP2
+shards the target of an --online run, ``sharded_target``).
 Each process takes every world-th batch of the same deterministic batch list, so resume
 needs only (epoch, step-in-epoch) besides model, optimizer, scheduler and RNG.
 
@@ -21,7 +22,6 @@ train_log.jsonl, trackers, the live view and the summary). This module is the se
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import os
@@ -45,6 +45,7 @@ from .hf_utils import eos_token_ids, text_config
 from .target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
 from .train_config import TrainConfig, TrainError, check_trackers, draft_options
 from .train_report import LOG, LiveView, Meter, RunLog, decayed_loss, final_metrics, summary_table, trained_on
+from .sharded_target import check_fsdp, fsdp_requested, no_sync, padded, prepare_draft, shard_target
 from .ttt import TTTModel, teacher_from_final
 from .vocab import build_vocab
 
@@ -141,10 +142,7 @@ def accelerator(cfg: TrainConfig, trackers: list[str]):
         torch.cuda.set_device(cfg.device)  # a single-process run on the GPU asked for
     acc = Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16", log_with=trackers or None,
                       project_dir=cfg.out)
-    if acc.distributed_type.name == "FSDP":
-        # Checkpoints read the draft's own parameters, which FSDP shards; the draft (one layer)
-        # fits on any GPU that can run the target, so data parallelism is all it needs.
-        raise TrainError("FSDP is not supported by eagle3 train: choose DDP (multi-GPU) in the accelerate config")
+    check_fsdp(acc, cfg.online, cfg.load_in_8bit or cfg.load_in_4bit)  # FSDP shards the target, never the draft
     return acc
 
 
@@ -180,12 +178,15 @@ class TargetParts:
 
 
 def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, target_config, warm_parts,
-                      device) -> TargetParts:
+                      device, sharded: bool = False) -> TargetParts:
     if cfg.load_in_8bit or cfg.load_in_4bit:  # --online only (TrainConfig.validate)
         warnings.warn("the target is loaded quantized: its features differ slightly from the served "
                       "full-precision model's, so acceptance may be a little lower", stacklevel=2)
     if cfg.online:
-        target = load_target(spec)
+        # Under FSDP the whole target never goes to one device: it is loaded on the CPU and each
+        # process moves its shard (Trainer.setup, once the warm start has copied what it needs).
+        target = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": _train_dtype(spec, device)})
+                             if sharded else spec)
         return TargetParts(target, target, input_embeddings(target).weight.detach(),
                            warm_start.target_parts(target, warm_parts))
     # Offline: the decoder is only needed for one consistency probe, on the CPU. The head (the
@@ -193,7 +194,7 @@ def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, t
     # host memory) for a GPU run. A bf16 checkpoint is loaded as stored and only its head cast up:
     # the same values as loading it all in fp32, without a transient fp32 copy of the decoder
     # (not with a head/layer warm start: those copy norms computed in the loaded dtype).
-    dtype = spec.dtype if spec.dtype != "auto" else ("float32" if device.type == "cpu" else "bfloat16")
+    dtype = _train_dtype(spec, device)
     as_stored = spec.dtype == "auto" and stored_dtype(target_config) == "bfloat16" and not {"head", "layer"} & set(
         warm_parts)
     load_dtype = "bfloat16" if as_stored else dtype
@@ -213,6 +214,11 @@ def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, t
     del model
     gc.collect()  # HF models hold reference cycles: free the decoder now, not at some later collection
     return parts
+
+
+def _train_dtype(spec: TargetSpec, device) -> str:
+    """--dtype, auto: fp32 when training on the CPU, bf16 on a GPU."""
+    return spec.dtype if spec.dtype != "auto" else ("float32" if device.type == "cpu" else "bfloat16")
 
 
 def stored_dtype(config) -> str | None:
@@ -321,6 +327,7 @@ class Trainer:
         trackers = cfg.validate()  # every flag checked before anything is loaded
         check_out_dir(cfg.out, "--out")
         self.acc = accelerator(cfg, trackers)
+        self.sharded = fsdp_requested(self.acc)  # the target, across processes (--online only)
         self.out = Path(cfg.out)
         self.log = RunLog(self.acc, self.out, trackers=bool(trackers))
         try:
@@ -346,11 +353,15 @@ class Trainer:
         self.layer_ids = m.layer_ids
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
-            parts = load_target_parts(cfg, spec, self.store, self.target_config, warm_parts, self.acc.device)
+            parts = load_target_parts(cfg, spec, self.store, self.target_config, warm_parts, self.acc.device,
+                                      sharded=self.sharded)
             self.target, self.head = parts.target, parts.head
             self.draft, self.vocab = build_draft(cfg, self.store, self.target_config, parts, warm_parts, self._say)
         except warm_start.WarmStartError as e:
             raise TrainError(str(e)) from None
+        if self.sharded:  # after the warm start: it copies target layers that sharding turns into DTensors
+            self.target = self.head = shard_target(self.target, self.acc)
+            self._say(f"target sharded over {self.acc.num_processes} processes (FSDP2)")
         self.draft = self.draft.to(self.acc.device)
         self.recompute = use_recompute(cfg, self.draft.config)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
@@ -408,10 +419,11 @@ class Trainer:
         model = TTTModel(draft, self.eval_steps(), self.cfg.step_decay)
         meter = Meter(self.eval_steps(), self.acc.device)
         batches = make_batches(self.val_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, 0)
-        for idx in batches[self.acc.process_index::self.acc.num_processes]:
-            args, tokens = self._inputs(idx)
-            with self.acc.autocast():
-                meter.add(model(*args), tokens)
+        for idx, counted in padded(batches, self.acc.process_index, self.acc.num_processes, self.sharded):
+            args, tokens = self._inputs(idx)  # (a sharded target's forward needs every rank, counted or not)
+            if counted:
+                with self.acc.autocast():
+                    meter.add(model(*args), tokens)
         return meter.result(self.acc)
 
     # -- the loop --
@@ -424,7 +436,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
-        self.model, self.optimizer = acc.prepare(ttt, optimizer)
+        self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
         self.step, self.history, self.val = start["step"], list(start.get("history", [])), start.get("val")
         self.log.start(cfg.to_dict())
         self._reset_meter()
@@ -473,8 +485,7 @@ class Trainer:
         bad = torch.zeros((), device=acc.device)
         for mi, idx in enumerate(group):
             args, tokens = self._inputs(idx)
-            sync = contextlib.nullcontext() if mi == len(group) - 1 else acc.no_sync(model)
-            with sync, acc.autocast():
+            with no_sync(acc, model, mi == len(group) - 1, self.sharded), acc.autocast():
                 out = model(*args)
                 del args  # the teacher [tokens x draft vocab] is only read by the forward (ttt.HeadSoftCrossEntropy)
                 if not torch.isfinite(out.loss):

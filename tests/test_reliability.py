@@ -91,11 +91,13 @@ def test_every_user_error_class_shares_one_base():
     from eagle3cli.errors import Eagle3Error
     from eagle3cli.evaluate import EvalError
     from eagle3cli.gen_data import GenDataError
+    from eagle3cli.merge_data import MergeError
     from eagle3cli.push import DraftRejected, PushError
     from eagle3cli.sources import SourceError
     from eagle3cli.trainer import TrainError
 
-    for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate):
+    for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate,
+                MergeError):
         assert issubclass(cls, Eagle3Error), cls
 
 
