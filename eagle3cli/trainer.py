@@ -46,7 +46,7 @@ from .target import TargetSpec, capture, input_embeddings, load_config, load_tar
 from .train_config import TrainConfig, TrainError, check_trackers, draft_options
 from .train_report import LOG, LiveView, Meter, RunLog, decayed_loss, final_metrics, summary_table, trained_on
 from .sharded_target import check_fsdp, fsdp_requested, no_sync, padded, prepare_draft, shard_target
-from .ttt import TTTModel, teacher_from_final
+from .ttt import TTTModel, teacher_from_final, teacher_rows
 from .vocab import build_vocab
 
 # Still importable from here (tests and benchmarks import them from the trainer).
@@ -404,8 +404,8 @@ class Trainer:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
-        teacher = teacher_from_final(self.head, final, self.vocab_ids)
-        return (ids, aux, mask, teacher.probs, teacher.index), batch["tokens"]
+        teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask))
+        return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
 
     def eval_steps(self) -> int:
         return max(self.cfg.ttt_steps, self.cfg.eval_ttt_steps)

@@ -15,7 +15,8 @@ so it is computed as per-position dot products appended to the causal scores bef
 softmax: one T x T score matrix per step, never a (sT) x (sT) mask.
 
 The teacher is the target's softmax restricted to the draft vocabulary, recomputed from the
-stored final hidden state with the target's frozen LM head, chunk by chunk.
+stored final hidden state with the target's frozen LM head, chunk by chunk, at the positions
+the loss reads (teacher_rows).
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ from torch.utils.checkpoint import checkpoint
 
 from .target import logit_softcap, output_head
 
-# q [B,h,T,d], keys/values: list of [B,h,T,d]; [0] = step-0 (causal), [1:] = diagonal steps.
+# q [B,h,T,d], keys/values: list of [B,kv,T,d] (kv divides h: grouped-query heads, not yet
+# repeated); [0] = step-0 (causal), [1:] = diagonal steps.
 Attention = Callable[[torch.Tensor, list, list], torch.Tensor]
+
+
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B,kv,T,d] -> [B,heads,T,d]: query head i reads kv head i // (heads // kv)."""
+    rep = heads // x.shape[1]
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -56,9 +64,15 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list,
     such tensor is 470 MB, so the whole-matrix form took about 2 GB at the step's peak. A block
     of rows [i, j) needs only the keys before j (the rest are masked), and recomputing its
     scores in the backward costs a small share of the layer's matmuls.
+
+    Keys and values arrive at their own (KV) head count and are repeated to the query heads only
+    inside a block: the unroll keeps every step's keys to the end of the backward, and repeated
+    they cost heads / kv times as much (Qwen2.5-0.5B: 14 / 2, about 350 MB of an 8,192-token
+    micro-batch's seven steps). The repeat is a copy, so the values are those of repeating first.
     """
     if len(keys) == 1:
-        return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True)
+        h = q.shape[1]
+        return F.scaled_dot_product_attention(q, repeat_kv(keys[0], h), repeat_kv(values[0], h), is_causal=True)
     b, h, t, _ = q.shape
     rows = max(1, max_elements // max(1, b * h * t))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, *keys, *values))
@@ -77,15 +91,17 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list,
 def _attention_rows(start: int, q, k0, v0, diag_k: list, diag_v: list) -> torch.Tensor:
     """ttt_attention for the query rows start..start+n-1 (q [B,h,n,d]; diag_k/diag_v sliced to them)."""
     scale = q.shape[-1] ** -0.5
-    n = q.shape[-2]
+    h, n = q.shape[1], q.shape[-2]
     end = start + n  # keys at or past ``end`` lie in every row's future
-    causal = torch.matmul(q, k0[..., :end, :].transpose(-1, -2)) * scale  # [B,h,n,end]
+    k0, v0 = repeat_kv(k0[..., :end, :], h), repeat_kv(v0[..., :end, :], h)
+    diag_k, diag_v = [repeat_kv(k, h) for k in diag_k], [repeat_kv(v, h) for v in diag_v]
+    causal = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B,h,n,end]
     future = torch.ones(n, end, dtype=torch.bool, device=q.device).triu(start + 1)
     causal.masked_fill_(future, float("-inf"))  # in place: one such tensor fewer at a time
     # Per-position dot products with the same position's key at each later step: [B,h,n,s].
     diag = torch.stack([(q * k).sum(-1) for k in diag_k], dim=-1) * scale
     probs = torch.softmax(torch.cat([causal, diag], dim=-1).float(), dim=-1).to(q.dtype)
-    out = torch.matmul(probs[..., :end], v0[..., :end, :])
+    out = torch.matmul(probs[..., :end], v0)
     return out + (probs[..., end:].unsqueeze(-1) * torch.stack(diag_v, dim=-2)).sum(-2)
 
 
@@ -114,8 +130,7 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
         emb = draft.embed_tokens(tokens).to(hidden.dtype)
         x = layer.attn_input(emb, hidden)
         cos, sin = draft.rotary(positions + s, x.dtype)
-        q, k, v = attn.qkv(x, cos, sin)
-        k, v = attn.expand_kv(k), attn.expand_kv(v)
+        q, k, v = attn.qkv(x, cos, sin)  # k, v at the KV head count: repeated inside the attention
         n = len(past) // 2
         out = attention(q, [*past[:n], k], [*past[n:], v])
         return draft.output(layer.finish(attn.out(out), hidden)), k, v  # norm(a) with norm_output
@@ -135,21 +150,39 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
 
 @dataclass
 class Teacher:
-    probs: torch.Tensor  # [B,T,Vd] float32: target softmax over the draft vocab at each position
-    index: torch.Tensor  # [B,T] int64: draft id of the target's argmax, -1 if outside the vocab
+    probs: torch.Tensor  # [N,Vd] float32: target softmax over the draft vocab at the N used positions
+    slot: torch.Tensor   # [B,T] int64: the row of ``probs`` holding each position, -1 where not computed
+    index: torch.Tensor  # [B,T] int64: draft id of the target's argmax, -1 if outside the vocab (or unused)
+
+
+def teacher_rows(loss_mask: torch.Tensor) -> torch.Tensor:
+    """The positions whose teacher the TTT loss reads: p such that token p+1 is loss-masked.
+
+    Step s at position t is scored against the teacher at t+1+s when token t+2+s is masked
+    (TTTModel.forward), so over all steps the teacher is read exactly where mask[p+1] holds.
+    """
+    return shift_left(loss_mask, 1, fill=False)
 
 
 @torch.no_grad()
-def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
+def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor, used: torch.Tensor | None = None,
                        max_elements: int = 1 << 26) -> Teacher:
-    """Teacher distributions from the target's final hidden states [B,T,Ht].
+    """Teacher distributions from the target's final hidden states [B,T,Ht], at the ``used`` [B,T]
+    positions only (all when None; the trainer passes ``teacher_rows(loss_mask)``).
 
-    Full-vocab logits exist for only ``max_elements // vocab`` tokens at a time; the argmax is
-    taken over the full vocab so a target choice outside the draft vocab is a miss. The logits
-    are computed in ``target.compute_dtype`` when it is set (a head kept in its narrower stored
-    dtype, ``trainer.TargetHead``; it is widened once per call), else in the head's own dtype.
+    Computing only the read rows matters on a large vocab: the [tokens x draft vocab] fp32 result
+    is the largest tensor of a training step (1 GB for 8,192 tokens and 32,000 draft tokens), and
+    the prompt tokens of a chat (often half of them) are never scored. Full-vocab logits exist for
+    only ``max_elements // vocab`` tokens at a time; the argmax is taken over the full vocab so a
+    target choice outside the draft vocab is a miss. The logits are computed in
+    ``target.compute_dtype`` when it is set (a head kept in its narrower stored dtype,
+    ``trainer.TargetHead``; it is widened once per call), else in the head's own dtype.
     """
     b, t, _ = final.shape
+    used = torch.ones(b, t, dtype=torch.bool, device=final.device) if used is None else used.to(final.device)
+    where = used.reshape(-1).nonzero(as_tuple=True)[0]
+    slot = torch.full((b * t,), -1, dtype=torch.long, device=final.device)
+    slot[where] = torch.arange(where.numel(), device=final.device)
     flat = final.reshape(b * t, -1)
     head = output_head(target)
     dtype = getattr(target, "compute_dtype", None) or head.weight.dtype
@@ -161,17 +194,18 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor,
     to_draft = torch.full((vocab,), -1, dtype=torch.long, device=final.device)
     to_draft[vocab_ids] = torch.arange(vocab_ids.numel(), device=final.device)
     chunk = max(1, max_elements // vocab)
-    # Filled in place: a list of chunks and its concatenation would hold the [tokens x draft
+    # Filled in place: a list of chunks and its concatenation would hold the [rows x draft
     # vocab] result twice at once.
-    probs = torch.empty(b * t, vocab_ids.numel(), dtype=torch.float32, device=final.device)
-    index = torch.empty(b * t, dtype=torch.long, device=final.device)
-    for i in range(0, flat.shape[0], chunk):
-        logits = F.linear(flat[i:i + chunk].to(dtype), weight, bias).float()
+    probs = torch.empty(where.numel(), vocab_ids.numel(), dtype=torch.float32, device=final.device)
+    index = torch.full((b * t,), -1, dtype=torch.long, device=final.device)
+    for i in range(0, where.numel(), chunk):
+        pos = where[i:i + chunk]
+        logits = F.linear(flat[pos].to(dtype), weight, bias).float()
         if cap:  # Gemma-2/3 (target.lm_logits)
             logits = torch.tanh(logits / cap) * cap
-        index[i:i + chunk] = to_draft[logits.argmax(-1)]
+        index[pos] = to_draft[logits.argmax(-1)]
         probs[i:i + chunk] = torch.softmax(logits[:, vocab_ids], dim=-1)
-    return Teacher(probs.view(b, t, -1), index.view(b, t))
+    return Teacher(probs, slot.view(b, t), index.view(b, t))
 
 
 class SoftCrossEntropy(torch.autograd.Function):
@@ -203,7 +237,7 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 class HeadSoftCrossEntropy(torch.autograd.Function):
     """sum_r w_r softCE(h_r @ W^T, p_r): the LM head and the loss fused, chunk by chunk.
 
-    ``p`` rows are gathered from the teacher tensor per chunk (``probs[rows, cols]``), and the
+    ``p`` rows are gathered from the teacher rows per chunk (``probs[prow]``), and the
     gradients w.r.t. ``h`` and ``W`` are computed in the forward (d loss / dz = w (softmax(z) - p)),
     so no [rows x vocab] tensor outlives its chunk. The TTT unroll calls it once for the rows of
     all its steps (``w_r`` = decay^s / n_s): one [V, H] weight gradient is kept until the backward,
@@ -212,7 +246,7 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, probs, rows, cols, row_weight, want_grad: bool, max_elements: int):
+    def forward(ctx, h, weight, probs, prow, row_weight, want_grad: bool, max_elements: int):
         n, vocab = h.shape[0], weight.shape[0]
         chunk = max(1, max_elements // max(1, vocab))
         need_h, need_w = want_grad and ctx.needs_input_grad[0], want_grad and ctx.needs_input_grad[1]
@@ -223,7 +257,7 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
         for i in range(0, n, chunk):
             hc = h[i:i + chunk]
             z = F.linear(hc, weight).float()
-            p = probs[rows[i:i + chunk], cols[i:i + chunk]]
+            p = probs[prow[i:i + chunk]]
             lse = torch.logsumexp(z, dim=-1)
             row_loss[i:i + chunk] = lse - torch.linalg.vecdot(p, z)
             pred[i:i + chunk] = z.argmax(-1)
@@ -244,7 +278,7 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * grad).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 class HeadLoss(NamedTuple):
@@ -253,14 +287,13 @@ class HeadLoss(NamedTuple):
     pred: torch.Tensor      # [rows] argmax of the draft logits
 
 
-def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-                            cols: torch.Tensor, row_weight: torch.Tensor | None = None,
-                            max_elements: int = 1 << 24) -> HeadLoss:
-    """sum_r w_r softCE(h[r] @ W^T, probs[rows[r], cols[r]]) (w = 1 if not given): see HeadSoftCrossEntropy."""
+def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, prow: torch.Tensor,
+                            row_weight: torch.Tensor | None = None, max_elements: int = 1 << 24) -> HeadLoss:
+    """sum_r w_r softCE(h[r] @ W^T, probs[prow[r]]) (probs [N,V]; w = 1 if not given): see HeadSoftCrossEntropy."""
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if row_weight is None:
         row_weight = torch.ones(h.shape[0], dtype=torch.float32, device=h.device)
-    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, rows, cols, row_weight, want_grad, max_elements))
+    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, max_elements))
 
 
 class TTTOutput(NamedTuple):
@@ -288,8 +321,11 @@ class TTTModel(nn.Module):
         self.attention = attention
         self.recompute = recompute  # checkpoint each step's layer (ttt_streams)
 
-    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index) -> TTTOutput:
+    def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index, teacher_slot=None) -> TTTOutput:
         """Returns a TTTOutput (loss, step_loss [S], correct [S], counted [S]); the last three detached.
+
+        The teacher is a Teacher's fields: ``teacher_probs`` [N,Vd] rows with ``teacher_slot``
+        [B,T] naming each position's row, or (no slot) a [B,T,Vd] tensor of every position.
 
         loss = sum_s decay^s * loss_s, loss_s = soft cross-entropy vs the teacher averaged over
         the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
@@ -301,6 +337,13 @@ class TTTModel(nn.Module):
         step_of = torch.repeat_interleave(torch.arange(self.steps, device=loss_mask.device), counted)
         rows = torch.cat([r for r, _ in where])
         cols = torch.cat([c + 1 + s for s, (_, c) in enumerate(where)])  # the teacher's position
+        if teacher_slot is None:
+            teacher_probs = teacher_probs.reshape(-1, teacher_probs.shape[-1])
+            prow = rows * loss_mask.shape[1] + cols
+        else:
+            prow = teacher_slot[rows, cols]
+            if prow.numel() and int(prow.min()) < 0:
+                raise ValueError("the teacher was not computed at a position the loss reads (see ttt.teacher_rows)")
         # The head's input for the rows of every step, filled step by step in place (no list and
         # concatenation holding it twice); one fused head + loss call then covers all steps.
         h, start = None, 0
@@ -314,7 +357,7 @@ class TTTModel(nn.Module):
             start += r.numel()
         decay = torch.tensor([self.decay ** s for s in range(self.steps)], device=loss_mask.device)
         row_weight = (decay / counted.clamp_min(1))[step_of]
-        loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs, rows, cols,
+        loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs, prow,
                                                        row_weight)
         step_loss = torch.zeros(self.steps, device=row_loss.device).index_add_(0, step_of, row_loss)
         hits = (pred == teacher_index[rows, cols]).long()

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
 from eagle3cli.ttt import (
-    TTTModel, acceptance_length, shift_left, soft_cross_entropy, teacher_from_final, ttt_attention, ttt_streams,
+    TTTModel, acceptance_length, repeat_kv, shift_left, soft_cross_entropy, teacher_from_final, teacher_rows,
+    ttt_attention, ttt_streams,
 )
 from tiny import tiny_config, tiny_model
 
@@ -13,9 +14,11 @@ from tiny import tiny_config, tiny_model
 def naive_attention(q, keys, values):
     """Reference: every step's keys laid out as one long sequence with an explicit bool mask.
 
-    Query (s, t) may see step-0 keys at t' <= t and the key at (s', t) for 1 <= s' <= s.
+    Query (s, t) may see step-0 keys at t' <= t and the key at (s', t) for 1 <= s' <= s. Keys and
+    values come at the KV head count (grouped-query) and are repeated to the query heads first.
     """
-    t = q.shape[-2]
+    t, h = q.shape[-2], q.shape[1]
+    keys, values = [repeat_kv(k, h) for k in keys], [repeat_kv(v, h) for v in values]
     blocks = [torch.ones(t, t, dtype=torch.bool).tril()] + [torch.eye(t, dtype=torch.bool)] * (len(keys) - 1)
     mask = torch.cat(blocks, dim=1)
     return F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask)
@@ -33,8 +36,8 @@ def make_draft(vocab=256, draft_vocab=64, seed=0):
 def test_ttt_attention_matches_full_mask_reference_values_and_grads():
     torch.manual_seed(0)
     b, h, t, d = 2, 4, 9, 16
-    for s in range(0, 5):
-        leaves = [torch.randn(b, h, t, d, requires_grad=True) for _ in range(1 + 2 * (s + 1))]
+    for s, kv in [(s, kv) for s in range(0, 5) for kv in (4, 2, 1)]:  # kv < h: grouped-query keys
+        leaves = [torch.randn(b, h if i == 0 else kv, t, d, requires_grad=True) for i in range(1 + 2 * (s + 1))]
         q, keys, values = leaves[0], leaves[1:s + 2], leaves[s + 2:]
         fast = ttt_attention(q, keys, values)
         ref = naive_attention(q, keys, values)
@@ -50,8 +53,8 @@ def test_ttt_attention_in_query_blocks_matches_the_reference():
     """Row blocks of every size (1 row, uneven, all rows), checkpointed under autograd, give the
     whole-matrix values and gradients: the blocking only bounds memory."""
     torch.manual_seed(1)
-    b, h, t, d, s = 2, 3, 11, 8, 3
-    leaves = [torch.randn(b, h, t, d, requires_grad=True) for _ in range(1 + 2 * (s + 1))]
+    b, h, t, d, s = 2, 6, 11, 8, 3
+    leaves = [torch.randn(b, h if i == 0 else 3, t, d, requires_grad=True) for i in range(1 + 2 * (s + 1))]
     q, keys, values = leaves[0], leaves[1:s + 2], leaves[s + 2:]
     ref = naive_attention(q, keys, values)
     w = torch.randn_like(ref)
@@ -121,10 +124,45 @@ def test_teacher_chunks_restrict_and_mark_misses():
     final = torch.randn(2, 7, 64)
     small = teacher_from_final(target, final, vocab_ids, max_elements=256 * 3)  # 3 tokens per chunk
     full = target.lm_head(final).float()
-    torch.testing.assert_close(small.probs, torch.softmax(full[..., vocab_ids], -1))
+    torch.testing.assert_close(small.probs.view(2, 7, -1), torch.softmax(full[..., vocab_ids], -1))
+    assert small.slot.flatten().tolist() == list(range(14))
     arg = full.argmax(-1)
     expect = torch.where(arg % 3 == 0, arg // 3, torch.full_like(arg, -1))
     assert torch.equal(small.index, expect)
+    # Only the used positions: their rows in order, slot -1 (and index -1) elsewhere.
+    used = torch.rand(2, 7, generator=torch.Generator().manual_seed(0)) > 0.5
+    part = teacher_from_final(target, final, vocab_ids, used, max_elements=256 * 2)
+    assert part.probs.shape == (int(used.sum()), vocab_ids.numel())
+    assert torch.equal(part.slot[used], torch.arange(int(used.sum()))) and bool((part.slot[~used] == -1).all())
+    torch.testing.assert_close(part.probs, small.probs.view(2, 7, -1)[used])
+    assert torch.equal(part.index[used], expect[used]) and bool((part.index[~used] == -1).all())
+
+
+def test_unroll_on_the_used_teacher_rows_equals_the_full_teacher():
+    """The trainer computes the teacher only where the loss reads it (teacher_rows): the same loss,
+    statistics and gradients as a teacher of every position; a missing row is an error."""
+    target = tiny_model("llama")
+    draft = make_draft()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (2, 12), generator=g)
+    aux = torch.randn(2, 12, 3 * 64, generator=g)
+    mask = torch.rand(2, 12, generator=g) > 0.4
+    final = torch.randn(2, 12, 64, generator=g)
+    full = teacher_from_final(target, final, draft.d2t)
+    part = teacher_from_final(target, final, draft.d2t, teacher_rows(mask))
+    assert part.probs.shape[0] == int(mask[:, 1:].sum()) < full.probs.shape[0]
+    model = TTTModel(draft, steps=4)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    out_full = model(ids, aux, mask, full.probs.view(2, 12, -1), full.index)
+    out_part = model(ids, aux, mask, part.probs, part.index, part.slot)
+    torch.testing.assert_close(out_part.loss, out_full.loss)
+    assert torch.equal(out_part.correct, out_full.correct) and torch.equal(out_part.counted, out_full.counted)
+    for a, b in zip(torch.autograd.grad(out_part.loss, params), torch.autograd.grad(out_full.loss, params)):
+        torch.testing.assert_close(a, b)
+    fewer = teacher_from_final(target, final, draft.d2t, teacher_rows(mask) & (torch.arange(12) < 6))
+    import pytest
+    with pytest.raises(ValueError, match="teacher was not computed"):
+        model(ids, aux, mask, fewer.probs, fewer.index, fewer.slot)
 
 
 def test_shift_left_and_acceptance_length():
@@ -166,7 +204,8 @@ def test_fused_head_loss_matches_logits_then_loss():
     ref_logits = F.linear(h, w)
     ref = soft_cross_entropy(ref_logits, probs[rows, cols]).sum()
     ref_gh, ref_gw = torch.autograd.grad(3.0 * ref, (h, w))
-    loss, row_loss, pred = head_soft_cross_entropy(h, w, probs, rows, cols, max_elements=50 * 8)
+    flat, prow = probs.view(-1, 50), rows * 30 + cols  # the teacher's rows, as the unroll passes them
+    loss, row_loss, pred = head_soft_cross_entropy(h, w, flat, prow, max_elements=50 * 8)
     gh, gw = torch.autograd.grad(3.0 * loss, (h, w))
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(row_loss, soft_cross_entropy(ref_logits, probs[rows, cols]).detach())
@@ -174,12 +213,12 @@ def test_fused_head_loss_matches_logits_then_loss():
     torch.testing.assert_close(gh, ref_gh)
     torch.testing.assert_close(gw, ref_gw)
     with torch.no_grad():  # evaluation: no gradients computed, same loss
-        torch.testing.assert_close(head_soft_cross_entropy(h, w, probs, rows, cols)[0], ref.detach())
+        torch.testing.assert_close(head_soft_cross_entropy(h, w, flat, prow)[0], ref.detach())
     # Row weights (the unroll's decay^s / n_s): the loss and both gradients are weighted per row.
     rw = torch.rand(37, generator=g)
     ref_w = (soft_cross_entropy(F.linear(h, w), probs[rows, cols]) * rw).sum()
     ref_gh, ref_gw = torch.autograd.grad(ref_w, (h, w))
-    loss_w = head_soft_cross_entropy(h, w, probs, rows, cols, rw, max_elements=50 * 8).loss
+    loss_w = head_soft_cross_entropy(h, w, flat, prow, rw, max_elements=50 * 8).loss
     gh, gw = torch.autograd.grad(loss_w, (h, w))
     torch.testing.assert_close(loss_w, ref_w)
     torch.testing.assert_close(gh, ref_gh)
