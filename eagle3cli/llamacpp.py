@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .errors import Eagle3Error
 from .gguf_export import llama_cpp_roots
+from .replay import replay_plain
 
 SERVER = "llama-server"
 BUILD_HINT = ("build it with `bash benchmarks/build_llamacpp.sh` (tools from the llama-cpp-python sdist on PyPI) "
@@ -230,14 +231,9 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
     ``loaded``: [(task, [Prompt])] as evaluate.load_task returns. Multi-turn prompts are replayed
     turn by turn with the plain answer as context, so both runs see the same token ids.
     """
-    from .evaluate import encode
-
-    contexts: dict[tuple[str, str], list[list[int]]] = {}
-    plain_out: dict[tuple[str, str, int], list[int]] = {}
     plain = {task: Tally() for task, _ in loaded}
     spec = {task: Tally() for task, _ in loaded}
     mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
-    first = None
     log_dir = Path(log_dir) if log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -247,51 +243,41 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
         return Server(binary, target_gguf, draft=draft, n_max=n_max, p_min=p_min, threads=threads,
                       threads_draft=threads_draft, ctx=ctx, log_path=log_dir / name if log_dir else None)
 
-    n_prompts, done = sum(len(ps) for _, ps in loaded), 0
+    def done_one(kind: str):
+        def after(done: int, total: int):
+            log(f"llama.cpp {kind}: {done}/{total} prompts")
+            if progress:
+                progress()
+        return after
+
     log(f"llama.cpp: plain decoding ({binary})")
     with server(None) as s:
-        for task, prompts in loaded:
-            for p in prompts:
-                messages, ctxs = [], []
-                for i, turn in enumerate(p.turns):
-                    messages.append({"role": "user", "content": turn})
-                    ids = encode(tokenizer, messages)[0].tolist()
-                    if first is None:
-                        first = ids
-                        s.complete(first, warmup_tokens)
-                    t0 = time.perf_counter()
-                    r = s.complete(ids, max_new_tokens)
-                    plain[task].add(r, time.perf_counter() - t0)
-                    out = list(r.get("tokens") or [])
-                    plain_out[(task, p.id, i)] = out
-                    ctxs.append(ids)
-                    messages.append({"role": "assistant", "content": r.get("content")
-                                     if r.get("content") is not None else tokenizer.decode(out)})
-                contexts[(task, p.id)] = ctxs
-                done += 1
-                log(f"llama.cpp plain: {done}/{n_prompts} prompts")
-                if progress:
-                    progress()
-    if first is None:
+        def decode(task, ids):
+            t0 = time.perf_counter()
+            r = s.complete(ids, max_new_tokens)
+            plain[task].add(r, time.perf_counter() - t0)
+            return list(r.get("tokens") or []), r.get("content")
+
+        replay = replay_plain(loaded, tokenizer, decode, lambda ids: s.complete(ids, warmup_tokens), done_one("plain"))
+    if replay.first is None:
         raise LlamaCppError("no prompts to run")
     log(f"llama.cpp: speculative decoding, draft {draft_gguf}, chain of {n_max}, p-min {p_min}")
     with server(draft_gguf) as s:
-        s.complete(first, warmup_tokens)
+        s.complete(replay.first, warmup_tokens)
         before = s.metrics()
         per_task_metrics = {}
+        done, after = 0, done_one("speculative")
         for task, prompts in loaded:
             m0 = s.metrics()
             for p in prompts:
-                for i, ids in enumerate(contexts[(task, p.id)]):
+                for i, ids in enumerate(replay.contexts[(task, p.id)]):
                     t0 = time.perf_counter()
                     r = s.complete(ids, max_new_tokens)
                     spec[task].add(r, time.perf_counter() - t0)
-                    if list(r.get("tokens") or []) != plain_out[(task, p.id, i)] and p.id not in mismatches[task]:
+                    if replay.mismatch(task, p.id, i, r.get("tokens") or []) and p.id not in mismatches[task]:
                         mismatches[task].append(p.id)
                 done += 1
-                log(f"llama.cpp speculative: {done - n_prompts}/{n_prompts} prompts")
-                if progress:
-                    progress()
+                after(done, len(replay.contexts))
             per_task_metrics[task] = _delta(s.metrics(), m0)
         total_metrics = _delta(s.metrics(), before)
 

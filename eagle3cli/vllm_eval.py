@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import engine_support
+from .replay import replay_plain
 from .vllm_engine import VllmEngineError, VllmWorker, find_vllm_python
 
 NAME = "vLLM"
@@ -185,41 +186,30 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
         fh = open(out / name, "w") if out is not None else None
         return VllmDecoder(python, {**base, "draft": str(draft_path) if draft_path else None}, log=fh), fh
 
-    n_prompts = sum(len(ps) for _, ps in loaded)
-    contexts: dict[tuple[str, str], list[list[int]]] = {}
-    plain_out: dict[tuple[str, str, int], list[int]] = {}
     plain = {task: Tally() for task, _ in loaded}
     spec = {task: Tally() for task, _ in loaded}
     mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
-    first = None
     startup = {}
+
+    def done_one(kind: str):
+        def after(done: int, total: int):
+            log(f"vLLM {kind}: {done}/{total} prompts")
+            if progress:
+                progress()
+        return after
 
     log(f"vLLM {version}: plain decoding ({python})")
     w, fh = worker(None)
     try:
         startup["plain_s"] = w.start().get("startup_s")
-        done = 0
-        for task, prompts in loaded:
-            for p in prompts:
-                messages, ctxs = [], []
-                for i, turn in enumerate(p.turns):
-                    messages.append({"role": "user", "content": turn})
-                    ids = encode(tokenizer, messages)[0].tolist()
-                    if first is None:
-                        first = ids
-                        w.generate([first], warmup_tokens, "warming up")
-                    (o,) = w.generate([ids], max_new_tokens)["outputs"]
-                    plain[task].add(o)
-                    plain_out[(task, p.id, i)] = list(o["token_ids"])
-                    ctxs.append(ids)
-                    text = o.get("text")
-                    messages.append({"role": "assistant",
-                                     "content": text if text is not None else tokenizer.decode(o["token_ids"])})
-                contexts[(task, p.id)] = ctxs
-                done += 1
-                log(f"vLLM plain: {done}/{n_prompts} prompts")
-                if progress:
-                    progress()
+
+        def decode(task, ids):
+            (o,) = w.generate([ids], max_new_tokens)["outputs"]
+            plain[task].add(o)
+            return o["token_ids"], o.get("text")
+
+        replay = replay_plain(loaded, tokenizer, decode, lambda ids: w.generate([ids], warmup_tokens, "warming up"),
+                              done_one("plain"))
     finally:
         w.close()
         if fh:
@@ -231,22 +221,20 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
     try:
         info = w.start()
         startup["speculative_s"] = info.get("startup_s")
-        w.generate([first], warmup_tokens, "warming up")
+        w.generate([replay.first], warmup_tokens, "warming up")
         c0 = w.generate([], 1).get("counters") or {}
         before = c0
-        done = 0
+        done, after = 0, done_one("speculative")
         for task, prompts in loaded:
             last = before
             for p in prompts:
-                r = w.generate(contexts[(task, p.id)], max_new_tokens)
+                r = w.generate(replay.contexts[(task, p.id)], max_new_tokens)
                 for i, o in enumerate(r["outputs"]):
                     spec[task].add(o)
-                    if list(o["token_ids"]) != plain_out[(task, p.id, i)] and p.id not in mismatches[task]:
+                    if replay.mismatch(task, p.id, i, o["token_ids"]) and p.id not in mismatches[task]:
                         mismatches[task].append(p.id)
                 done += 1
-                log(f"vLLM speculative: {done}/{n_prompts} prompts")
-                if progress:
-                    progress()
+                after(done, len(replay.contexts))
                 last = r.get("counters") or {}
             per_task[task] = delta(last, before)
             before = last
