@@ -199,14 +199,16 @@ def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repe
 
 
 def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
-                        repeats=3) -> dict[int, float]:
+                        repeats=3, decoder=None) -> dict[int, float]:
     """``verify_latency`` on the fast path: each size timed with its matmuls packed for it, as
-    the run that follows will be (a packed GEMM's cost depends on the row count it is packed for)."""
+    the run that follows will be (a packed GEMM's cost depends on the row count it is packed for).
+    ``decoder``: the run's own ``fast_target.Decoder`` (left packed for the last size), else one
+    built here."""
     from .fast_target import Decoder, FastTarget
 
     dev, past = ids.device, ids.shape[1]
     lat = {}
-    decoder = Decoder(target)  # fused once; each size only re-packs
+    decoder = decoder or Decoder(target)  # fused once; each size only re-packs
     for n in sizes:
         decoder.repack((n,))
         fast = FastTarget(target, min(max_len, past + n), decoder=decoder)
@@ -449,13 +451,13 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                               "max_new_tokens": min(64, cfg.max_new_tokens)})
         calib = [spec(f, big) for f in firsts[:3]]
         # The latency curve of the path the run verifies through: the fast path's is flatter.
-        lat = (verify_latency_fast(target, first, fast.max_len) if fast is not None
+        lat = (verify_latency_fast(target, first, fast.max_len, decoder=fast.decoder) if fast is not None
                else verify_latency(target, first))
         auto = choose_tree(calib, lat, 64, 8)
         auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
-        if fast is not None:  # re-pack the matmuls for the chosen verification size
-            fast, _ = build_fast_target(target, cfg, settings, max_pos)
+        if fast is not None:  # re-pack the run's matmuls for the chosen verification size
+            fast.decoder.repack((settings.shape()[0] + 1,))
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 

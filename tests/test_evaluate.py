@@ -97,7 +97,13 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     assert len(t["n_alpha"]) == 2
 
 
-def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_path):
+def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
+    from eagle3cli import fast_target
+
+    built, packed = [], []
+    init, repack = fast_target.Decoder.__init__, fast_target.Decoder.repack
+    monkeypatch.setattr(fast_target.Decoder, "__init__", lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
+    monkeypatch.setattr(fast_target.Decoder, "repack", lambda self, rows: (packed.append(rows), repack(self, rows))[1])
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
@@ -111,6 +117,8 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     assert set(auto["latency_ms"]) == {"1", "2", "4", "8", "12", "16", "24", "32", "48", "64"}
     assert auto["latency_path"] == res["tasks"]["mini"]["path"] == "fast"  # the curve of the path that runs
     assert res["tasks"]["mini"]["lossless"] is True
+    # One fused copy of the target's weights: timed size by size, then packed for the chosen tree.
+    assert len(built) == 1 and packed[-1] == (auto["total_tokens"] + 1,) and len(packed) == 11
 
 
 def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):
