@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import __version__, engine_support, warm_start
+from . import __version__, engine_support, host_memory, warm_start
 from .batching import collate, make_batches, rank_groups, split_indices
 from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
 from .draft import DraftConfig, Eagle3Draft
@@ -327,6 +327,8 @@ class Trainer:
         trackers = cfg.validate()  # every flag checked before anything is loaded
         check_out_dir(cfg.out, "--out")
         self.acc = accelerator(cfg, trackers)
+        if self.acc.device.type == "cpu":  # before the first large tensor exists
+            host_memory.return_freed_tensors()
         self.sharded = fsdp_requested(self.acc)  # the target, across processes (--online only)
         self.out = Path(cfg.out)
         self.log = RunLog(self.acc, self.out, trackers=bool(trackers))
