@@ -282,11 +282,18 @@ def kept_activation_bytes(tokens: int, steps: int, dcfg: DraftConfig) -> int:
     return tokens * steps * (3 * dcfg.intermediate_size + 12 * dcfg.hidden_size) * 4
 
 
+def large_step(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
+    """Whether a micro-batch's unroll would keep more than RECOMPUTE_ABOVE of activations: the
+    runs where memory, not compute, is what to save (a 0.5B target at the defaults, not SmolLM2
+    at the quickstart's 1,024 tokens x 3 steps)."""
+    return kept_activation_bytes(cfg.max_tokens, cfg.ttt_steps, dcfg) > RECOMPUTE_ABOVE
+
+
 def use_recompute(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
-    """--recompute/--no-recompute as given; auto: on when the kept activations would pass RECOMPUTE_ABOVE."""
+    """--recompute/--no-recompute as given; auto: on for a large step (large_step)."""
     if cfg.recompute is not None:
         return cfg.recompute
-    return kept_activation_bytes(cfg.max_tokens, cfg.ttt_steps, dcfg) > RECOMPUTE_ABOVE
+    return large_step(cfg, dcfg)
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -327,8 +334,6 @@ class Trainer:
         trackers = cfg.validate()  # every flag checked before anything is loaded
         check_out_dir(cfg.out, "--out")
         self.acc = accelerator(cfg, trackers)
-        if self.acc.device.type == "cpu":  # before the first large tensor exists
-            host_memory.return_freed_tensors()
         self.sharded = fsdp_requested(self.acc)  # the target, across processes (--online only)
         self.out = Path(cfg.out)
         self.log = RunLog(self.acc, self.out, trackers=bool(trackers))
@@ -366,6 +371,12 @@ class Trainer:
             self._say(f"target sharded over {self.acc.num_processes} processes (FSDP2)")
         self.draft = self.draft.to(self.acc.device)
         self.recompute = use_recompute(cfg, self.draft.config)
+        if self.acc.device.type == "cpu" and large_step(cfg, self.draft.config):
+            # About 1 GB of such a step's peak is freed tensors glibc keeps (host_memory); giving
+            # them back costs about 8% more CPU time, so small runs keep glibc's default.
+            note = host_memory.return_freed_tensors()
+            if note:
+                self._say(f"host memory: {note}")
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "
                   f"training tokens; layers {self.layer_ids}; TTT steps "

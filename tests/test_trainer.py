@@ -19,7 +19,7 @@ from eagle3cli.inspector import inspect_draft
 from eagle3cli.layers import default_layer_ids
 from eagle3cli.target import capture
 from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import TrainError, checkpoint_dirs, make_batches, rank_groups, train
+from eagle3cli.trainer import TrainError, Trainer, checkpoint_dirs, make_batches, rank_groups, train
 from eagle3cli.vocab import build_vocab, size_for_coverage
 from tiny import save_tiny
 
@@ -410,3 +410,19 @@ def test_recompute_auto_is_on_for_a_large_target_and_off_for_a_small_one():
     assert not use_recompute(replace(cfg, max_tokens=1024, ttt_steps=3), smol)
     assert not use_recompute(replace(cfg, recompute=False), qwen)
     assert use_recompute(replace(cfg, recompute=True, max_tokens=16), smol)
+
+
+def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(store, target_dir, tmp_path,
+                                                                                monkeypatch):
+    """host_memory.return_freed_tensors (freed tensors leave the resident set, about 8% more CPU
+    time) is called for a large step on CPU only: large_step decides, as for --recompute auto."""
+    from eagle3cli import host_memory, trainer
+
+    calls = []
+    monkeypatch.setattr(host_memory, "return_freed_tensors", lambda *a: calls.append(a) or "fixed")
+    Trainer(config(store, target_dir, tmp_path / "small"), quiet=True).setup()
+    assert calls == []
+    monkeypatch.setattr(trainer, "kept_activation_bytes", lambda *a: 2 * trainer.RECOMPUTE_ABOVE)
+    t = Trainer(config(store, target_dir, tmp_path / "large"), quiet=True)
+    t.setup()
+    assert calls == [()] and t.recompute is True
