@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .errors import Eagle3Error
 from .gguf_export import llama_cpp_roots
-from .replay import replay_plain
+from .replay import prompt_counter, replay_plain
 
 SERVER = "llama-server"
 BUILD_HINT = ("build it with `bash benchmarks/build_llamacpp.sh` (tools from the llama-cpp-python sdist on PyPI) "
@@ -243,13 +243,6 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
         return Server(binary, target_gguf, draft=draft, n_max=n_max, p_min=p_min, threads=threads,
                       threads_draft=threads_draft, ctx=ctx, log_path=log_dir / name if log_dir else None)
 
-    def done_one(kind: str):
-        def after(done: int, total: int):
-            log(f"llama.cpp {kind}: {done}/{total} prompts")
-            if progress:
-                progress()
-        return after
-
     log(f"llama.cpp: plain decoding ({binary})")
     with server(None) as s:
         def decode(task, ids):
@@ -258,7 +251,8 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
             plain[task].add(r, time.perf_counter() - t0)
             return list(r.get("tokens") or []), r.get("content")
 
-        replay = replay_plain(loaded, tokenizer, decode, lambda ids: s.complete(ids, warmup_tokens), done_one("plain"))
+        replay = replay_plain(loaded, tokenizer, decode, lambda ids: s.complete(ids, warmup_tokens),
+                              prompt_counter(log, "llama.cpp plain", progress))
     if replay.first is None:
         raise LlamaCppError("no prompts to run")
     log(f"llama.cpp: speculative decoding, draft {draft_gguf}, chain of {n_max}, p-min {p_min}")
@@ -266,7 +260,7 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
         s.complete(replay.first, warmup_tokens)
         before = s.metrics()
         per_task_metrics = {}
-        done, after = 0, done_one("speculative")
+        done, after = 0, prompt_counter(log, "llama.cpp speculative", progress)
         for task, prompts in loaded:
             m0 = s.metrics()
             for p in prompts:

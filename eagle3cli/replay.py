@@ -25,6 +25,15 @@ class PlainReplay:
         return list(tokens) != self.outputs[(task, pid, turn)]
 
 
+def prompt_counter(log, what: str, progress=None) -> Callable[[int, int], None]:
+    """An ``after_prompt`` that logs "WHAT: done/total prompts" and ticks ``progress`` (if any)."""
+    def after(done: int, total: int) -> None:
+        log(f"{what}: {done}/{total} prompts")
+        if progress:
+            progress()
+    return after
+
+
 def replay_plain(loaded, tokenizer, decode: Callable[[str, list[int]], tuple[list[int], str | None]],
                  warmup: Callable[[list[int]], object], after_prompt: Callable[[int, int], object]) -> PlainReplay:
     """Decode every turn of every prompt of ``loaded`` ([(task, [Prompt])]) with ``decode(task, ids)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import engine_support
-from .replay import replay_plain
+from .replay import prompt_counter, replay_plain
 from .vllm_engine import VllmEngineError, VllmWorker, find_vllm_python
 
 NAME = "vLLM"
@@ -191,13 +191,6 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
     mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
     startup = {}
 
-    def done_one(kind: str):
-        def after(done: int, total: int):
-            log(f"vLLM {kind}: {done}/{total} prompts")
-            if progress:
-                progress()
-        return after
-
     log(f"vLLM {version}: plain decoding ({python})")
     w, fh = worker(None)
     try:
@@ -209,7 +202,7 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
             return o["token_ids"], o.get("text")
 
         replay = replay_plain(loaded, tokenizer, decode, lambda ids: w.generate([ids], warmup_tokens, "warming up"),
-                              done_one("plain"))
+                              prompt_counter(log, "vLLM plain", progress))
     finally:
         w.close()
         if fh:
@@ -224,7 +217,7 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
         w.generate([replay.first], warmup_tokens, "warming up")
         c0 = w.generate([], 1).get("counters") or {}
         before = c0
-        done, after = 0, done_one("speculative")
+        done, after = 0, prompt_counter(log, "vLLM speculative", progress)
         for task, prompts in loaded:
             last = before
             for p in prompts:
