@@ -289,6 +289,16 @@ def large_step(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
     return kept_activation_bytes(cfg.max_tokens, cfg.ttt_steps, dcfg) > RECOMPUTE_ABOVE
 
 
+def fix_host_memory(cfg: TrainConfig, dcfg: DraftConfig, device, say) -> None:
+    """On a large CPU step, have glibc give freed tensors back (host_memory): about 1 GB of such a
+    step's peak is freed tensors it keeps. It costs about 8% more CPU time, so small runs keep
+    glibc's default."""
+    if device.type == "cpu" and large_step(cfg, dcfg):
+        note = host_memory.return_freed_tensors()
+        if note:
+            say(f"host memory: {note}")
+
+
 def use_recompute(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
     """--recompute/--no-recompute as given; auto: on for a large step (large_step)."""
     if cfg.recompute is not None:
@@ -371,12 +381,7 @@ class Trainer:
             self._say(f"target sharded over {self.acc.num_processes} processes (FSDP2)")
         self.draft = self.draft.to(self.acc.device)
         self.recompute = use_recompute(cfg, self.draft.config)
-        if self.acc.device.type == "cpu" and large_step(cfg, self.draft.config):
-            # About 1 GB of such a step's peak is freed tensors glibc keeps (host_memory); giving
-            # them back costs about 8% more CPU time, so small runs keep glibc's default.
-            note = host_memory.return_freed_tensors()
-            if note:
-                self._say(f"host memory: {note}")
+        fix_host_memory(cfg, self.draft.config, self.acc.device, self._say)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "
                   f"training tokens; layers {self.layer_ids}; TTT steps "
