@@ -31,6 +31,36 @@ def make_draft(target_dir, out_dir, hidden=None):
     return save_draft(d, out_dir)
 
 
+def engine_case(target_dir, tmp_path):
+    """What the engine tests (eval --engine vllm, llama.cpp) run: the target, a draft for it and
+    two questions, one of two turns and one of one (3 answers)."""
+    turns = tmp_path / "mini.jsonl"
+    turns.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
+        {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
+    ]) + "\n")
+    return target_dir, make_draft(target_dir, tmp_path / "draft"), turns
+
+
+def engine_eval_args(target, draft, turns, out, engine: str, *flags) -> list[str]:
+    """``eagle3 eval`` on an engine_case: 16 tokens, chain 3, ``--engine ENGINE`` and its flags."""
+    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
+            "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3", "--engine", engine,
+            *flags]
+
+
+def python_wrapper(path, script) -> str:
+    """An executable at ``path`` that runs ``script`` with this Python: a stand-in for an
+    engine's binary or interpreter."""
+    import stat
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def turns_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("data") / "mini.jsonl"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,9 @@ from eagle3cli.cli import app
 
 gguf = pytest.importorskip("gguf")
 
+from test_evaluate import engine_case as eval_engine_case  # noqa: E402
 from test_evaluate import make_draft as make_eval_draft  # noqa: E402
+from test_evaluate import engine_eval_args, python_wrapper  # noqa: E402
 from test_realmodels import CHAT, write_tiny_gguf  # noqa: E402
 
 runner = CliRunner()
@@ -169,10 +169,7 @@ def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
 @pytest.fixture
 def fake_bin(tmp_path, monkeypatch):
     d = tmp_path / "llama-bin"
-    d.mkdir()
-    exe = d / "llama-server"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    python_wrapper(d / "llama-server", FAKE)
     monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
     monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
     return d
@@ -180,21 +177,15 @@ def fake_bin(tmp_path, monkeypatch):
 
 @pytest.fixture
 def engine_case(smol_tiny_dir, tmp_path):
-    turns = tmp_path / "mini.jsonl"
-    turns.write_text("\n".join(json.dumps(r) for r in [
-        {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
-        {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
-    ]) + "\n")
     (tmp_path / "t.gguf").write_bytes(b"GGUF")
     (tmp_path / "d.gguf").write_bytes(b"GGUF")
-    return smol_tiny_dir, make_eval_draft(smol_tiny_dir, tmp_path / "draft"), turns
+    return eval_engine_case(smol_tiny_dir, tmp_path)
 
 
 def _engine_args(target, draft, turns, out, fake_bin, *more):
-    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
-            "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3", "--engine", "llama.cpp",
-            "--llama-cpp", str(fake_bin), "--target-gguf", str(out.parent / "t.gguf"),
-            "--draft-gguf", str(out.parent / "d.gguf"), "--engine-threads", "2", *more]
+    return engine_eval_args(target, draft, turns, out, "llama.cpp", "--llama-cpp", str(fake_bin),
+                            "--target-gguf", str(out.parent / "t.gguf"), "--draft-gguf", str(out.parent / "d.gguf"),
+                            "--engine-threads", "2", *more)
 
 
 def test_eval_engine_llamacpp_reads_the_servers_counts(engine_case, fake_bin, tmp_path):

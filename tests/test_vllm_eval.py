@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from typer.testing import CliRunner
 from eagle3cli.cli import app
 from eagle3cli.vllm_eval import delta, max_model_len, summarize
 
-from test_evaluate import make_draft as make_eval_draft  # noqa: E402
+from test_evaluate import engine_case, engine_eval_args, python_wrapper  # noqa: E402
 
 runner = CliRunner()
 HERE = Path(__file__).resolve().parent
@@ -26,31 +24,21 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture
 def fake_python(tmp_path, monkeypatch):
     """An executable that stands for the Python of a vLLM environment."""
-    p = tmp_path / "vllm-env" / "python"
-    p.parent.mkdir()
-    p.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_vllm_worker.py"}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    p = python_wrapper(tmp_path / "vllm-env" / "python", HERE / "fake_vllm_worker.py")
     monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "starts.jsonl"))
     monkeypatch.delenv("EAGLE3_VLLM_PYTHON", raising=False)
     for k in ("FAKE_VLLM_FAIL", "FAKE_VLLM_DIFFER", "FAKE_VLLM_VERSION"):
         monkeypatch.delenv(k, raising=False)
-    return str(p)
+    return p
 
 
 @pytest.fixture
 def case(smol_tiny_dir, tmp_path):
-    turns = tmp_path / "mini.jsonl"
-    turns.write_text("\n".join(json.dumps(r) for r in [
-        {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
-        {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
-    ]) + "\n")
-    return smol_tiny_dir, make_eval_draft(smol_tiny_dir, tmp_path / "draft"), turns
+    return engine_case(smol_tiny_dir, tmp_path)
 
 
 def _args(target, draft, turns, out, python, *more):
-    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
-            "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3", "--engine", "vllm",
-            "--vllm-python", python, "--engine-threads", "1", *more]
+    return engine_eval_args(target, draft, turns, out, "vllm", "--vllm-python", python, "--engine-threads", "1", *more)
 
 
 def _starts(tmp_path):
