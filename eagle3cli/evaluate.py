@@ -361,9 +361,14 @@ def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[objec
         if cfg.fast == "on":
             raise EvalError(f"--fast on: the fast path does not apply here: {reason}")
         return None, f"fast path not used: {reason}"
-    total, _, _ = settings.shape()
     max_len = min(max_pos or 8192, 8192)
-    return FastTarget(target, max_len, packed_rows=(total + 1,)), None
+    return FastTarget(target, max_len, packed_rows=verification_rows(settings)), None
+
+
+def verification_rows(settings) -> tuple[int]:
+    """The row count one verification forward runs, as the fast path packs its matmuls for it:
+    the root plus every drafted node."""
+    return (settings.shape()[0] + 1,)
 
 
 def summarize(stats: TaskStats, cfg: EvalConfig) -> dict:
@@ -457,7 +462,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
         if fast is not None:  # re-pack the run's matmuls for the chosen verification size
-            fast.decoder.repack((settings.shape()[0] + 1,))
+            fast.decoder.repack(verification_rows(settings))
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 
