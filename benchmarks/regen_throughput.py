@@ -2,7 +2,7 @@
 
     python benchmarks/regen_throughput.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \
         --data ~/.cache/eagle3/data/sharegpt_v3.jsonl --conversations 128 --batch-size 32 \
-        --max-new-tokens 128 --max-length 512 --threads 2
+        --max-new-tokens 128 --max-length 512 --threads 2 [--regen-dtype float32] [--agreement 64]
 
 The first N conversations are regenerated whole (every user turn, as gen-data does) twice in
 one process on the same weights: by continuous batching (``batch_decode``, what gen-data runs
@@ -14,6 +14,11 @@ include every prefill, as gen-data pays it. The bound is one full decode step (`
 of one new token after a prefix of the mean first-prompt length) on the same slotted cache:
 what generation would cost if every step were full and prefills were free. ``--static-only``
 and ``--skip-static`` run one side.
+
+``--regen-dtype`` is gen-data's: auto computes an fp32 target's regeneration in bfloat16 on a CPU
+with AMX-BF16. ``--agreement N`` measures how faithful such answers are to the target at its
+own dtype: teacher-forced on the first N first-turn answers, how often its greedy token is the
+regenerated one (answers regenerated at the target's own dtype give about 1.0).
 """
 
 from __future__ import annotations
@@ -25,14 +30,14 @@ import torch
 
 from eagle3cli.batch_decode import SlotTarget
 from eagle3cli.chat_mask import end_of_turn_ids, render
-from eagle3cli.regenerate import GenSettings, prompt_turns, regenerate_local
+from eagle3cli.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
 from eagle3cli.sources import load_conversations
-from eagle3cli.target import TargetSpec, load_target, load_tokenizer
+from eagle3cli.target import TargetSpec, load_target, load_tokenizer, model_device
 
 
-def slot_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float:
+def slot_step_bound(model, batch: int, prefix: int, dtype=None, repeats: int = 5) -> float:
     """Tokens/s of one decode step of ``batch`` slots after ``prefix`` cached tokens each."""
-    target = SlotTarget(model, batch, prefix + 1)
+    target = SlotTarget(model, batch, prefix + 1, dtype=dtype)
     for s in range(batch):
         target.prefill(s, torch.randint(100, 1000, (prefix,)).tolist(), 0)
     tokens, lengths = torch.randint(100, 1000, (batch,)), torch.full((batch,), prefix)
@@ -61,6 +66,23 @@ def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float
     return batch / sorted(ts)[len(ts) // 2]
 
 
+def agreement(model, tok, conversations) -> tuple[float, int]:
+    """How often the target's greedy next token (teacher-forced) is the regenerated first answer's token."""
+    hits = total = 0
+    for msgs in conversations:
+        turn = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
+        if turn is None or not msgs[turn].get("token_ids"):
+            continue
+        prompt = tok(render(tok, [{"role": m["role"], "content": m["content"]} for m in msgs[:turn]],
+                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        answer = msgs[turn]["token_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1:-1]
+        hits += int((logits.argmax(-1) == torch.tensor(answer)).sum())
+        total += len(answer)
+    return hits / max(1, total), total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -70,12 +92,17 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", help="the target's dtype, as gen-data's --dtype")
+    ap.add_argument("--regen-dtype", default="auto", help="what regeneration computes in, as gen-data's --regen-dtype")
+    ap.add_argument("--agreement", type=int, default=0, metavar="N",
+                    help="teacher-force the target at --dtype on the first N first-turn answers and print how "
+                         "often its greedy token is the regenerated one")
     ap.add_argument("--skip-static", action="store_true", help="only continuous batching")
     ap.add_argument("--static-only", action="store_true", help="only the static-batch loop")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = TargetSpec(args.model)
+    spec = TargetSpec(args.model, dtype=args.dtype)
     model, tok = load_target(spec), load_tokenizer(spec)
     convs, _ = load_conversations(args.data, max_samples=args.conversations, need_answers=False)
     msgs = [c.messages for c in convs]
@@ -85,13 +112,20 @@ def main():
         if users:
             firsts.append(len(tok(render(tok, system + [{"role": "user", "content": users[0]}],
                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]))
-    settings = GenSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_length=args.max_length)
+    own = next(model.parameters()).dtype
+    dtype = regen_dtype(args.regen_dtype, model.config, model_device(model).type, own)
+    settings = GenSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_length=args.max_length,
+                           dtype=dtype)
     stops = end_of_turn_ids(tok) | {tok.eos_token_id}
     sides = [("continuous", True), ("static", False)]
     if args.skip_static:
         sides = sides[:1]
     if args.static_only:
         sides = sides[1:]
+    if dtype != str(own).removeprefix("torch.") and ("static", False) in sides:
+        print(f"(the static-batch loop computes in the model's {own} only: run it with --regen-dtype "
+              f"{str(own).removeprefix('torch.')}; skipped)")
+        sides = [x for x in sides if x[0] != "static"]
     rates, answers = {}, {}
     for name, continuous in sides:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -99,15 +133,20 @@ def main():
         rates[name] = (stats.generated_tokens, time.perf_counter() - t0, time.process_time() - c0, stats)
     mean_prompt = int(sum(firsts) / max(1, len(firsts)))
     with torch.no_grad():
-        bound = slot_step_bound(model, args.batch_size, mean_prompt)
+        bound = slot_step_bound(model, args.batch_size, mean_prompt, getattr(torch, dtype))
         hf_bound = decode_step_bound(model, args.batch_size, mean_prompt)
     print(f"{len(msgs)} conversations (first prompts: mean {mean_prompt} tokens), batch {args.batch_size}, "
-          f"max_new_tokens {args.max_new_tokens}, max_length {args.max_length}, {torch.get_num_threads()} threads")
+          f"max_new_tokens {args.max_new_tokens}, max_length {args.max_length}, {torch.get_num_threads()} threads, "
+          f"target {own}, regeneration in {dtype}")
     for name, (n, wall, cpu, st) in rates.items():
         print(f"{name:>11}: {st.answers} answers ({st.cut} cut), {n} tokens in {wall:.1f} s wall ({cpu:.1f} s CPU): "
               f"{n / wall:.1f} tokens/s, {n / wall / bound:.2f} of the bound")
     print(f"bound: one full decode step of {args.batch_size} slots after {mean_prompt} tokens: {bound:.1f} tokens/s "
           f"(HF forward with DynamicCache: {hf_bound:.1f})")
+    for name in answers if args.agreement else ():
+        agree, n = agreement(model, tok, answers[name][:args.agreement])
+        print(f"{name:>11}: the target in {own}, teacher-forced on {n} first-turn answer tokens, picks the "
+              f"regenerated token at {agree:.4f} of them")
     if len(rates) == 2:
         (n1, w1, *_), (n2, w2, *_) = rates["continuous"], rates["static"]
         same = sum(a == b for a, b in zip(answers["continuous"], answers["static"]))

@@ -29,12 +29,13 @@ from .fast_target import Decoder, _rms_norm
 class SlotTarget:
     """The target's decoder over a KV cache of ``slots`` independent sequences."""
 
-    def __init__(self, model, slots: int, max_len: int):
+    def __init__(self, model, slots: int, max_len: int, dtype: torch.dtype | None = None):
+        """``dtype``: compute (and cache) in it, the weights cast once; None keeps the model's."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         # MKL's packed GEMM for a full decode step and a half-full one (rows padded up to the
         # next packed size): the batch thins out once no conversation is left to start.
-        d = Decoder(model, tuple(sorted({slots, max(2, slots // 2)})), purpose="continuous batching")
+        d = Decoder(model, tuple(sorted({slots, max(2, slots // 2)})), purpose="continuous batching", dtype=dtype)
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
@@ -65,8 +66,7 @@ class SlotTarget:
         q = qkv[:, :nh * hd].view(n, nh, hd)
         k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
         v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
-        if layer.q_norm is not None:
-            q, k = layer.q_norm(q), layer.k_norm(k)
+        q, k = layer.qk_norm(q, k)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, hd]
         q, k = self._rope(q[:, :, None], k[:, :, None], cos, sin, unsqueeze_dim=1)  # [n, heads, 1, hd]
         return q[:, :, 0], k[:, :, 0], v

@@ -365,6 +365,21 @@ def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[objec
     return FastTarget(target, max_len, packed_rows=verification_rows(settings)), None
 
 
+def pack_for_run(fast, settings, log=print) -> dict | None:
+    """Pack the fast path's matmuls for this run's verification size, the fastest way measured
+    here (``fast_target.tune_packing``); what was measured goes into results.json."""
+    from .fast_target import tune_packing
+
+    if fast is None:
+        return None
+    (rows,) = verification_rows(settings)
+    tuned = tune_packing(fast, rows)
+    if tuned:
+        log(f"packing for {rows}-row verification: {tuned['packed_for'] or 'none'} "
+            f"(ms per forward: {', '.join(f'{k} {v}' for k, v in tuned['ms'].items())})")
+    return tuned
+
+
 def verification_rows(settings) -> tuple[int]:
     """The row count one verification forward runs, as the fast path packs its matmuls for it:
     the root plus every drafted node."""
@@ -427,6 +442,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     fast, path_note = build_fast_target(target, cfg, settings, max_pos)
     log(f"verification path: {'fast (fast_target: static cache, packed matmuls)' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
+    packing = pack_for_run(fast, settings, log)
 
     def spec(ids, s=settings, seed=cfg.seed):
         return speculative_generate(target, drafter, ids, s, seed=seed, fast=fast)
@@ -461,8 +477,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         auto = choose_tree(calib, lat, 64, 8)
         auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
-        if fast is not None:  # re-pack the run's matmuls for the chosen verification size
-            fast.decoder.repack(verification_rows(settings))
+        packing = pack_for_run(fast, settings, log)  # re-pack for the chosen verification size
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 
@@ -539,6 +554,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                      "top_k": settings.top_k if cfg.mode == "tree" else None,
                      "steps": cfg.steps if cfg.mode == "chain" else None,
                      "tree_auto": auto},
+        "fast_packing": packing,
         "tasks": results,
         "per_category": per_category,
     }

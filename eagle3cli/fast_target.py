@@ -31,9 +31,9 @@ SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
 
 
-def unsupported_reason(model) -> str | None:
-    """Why ``model`` cannot take the fast path (None: it can)."""
-    cfg = text_config(model.config)
+def config_unsupported_reason(config) -> str | None:
+    """Why a target of this config cannot take the fast path (None: it can); no weights needed."""
+    cfg = text_config(config)
     kind = getattr(cfg, "model_type", None)
     if kind not in SUPPORTED_TYPES:
         return f"model_type {kind!r} (fast path: {', '.join(sorted(SUPPORTED_TYPES))})"
@@ -45,11 +45,16 @@ def unsupported_reason(model) -> str | None:
         return f"rope_type {rope_type!r}"
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
         return "sliding-window attention"
-    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
-        return "quantized weights"
     if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and kind != "qwen2"):  # Qwen2's q/k/v biases are fused
         return "biases in the MLP or attention"
     return None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot take the fast path (None: it can)."""
+    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
+        return "quantized weights"
+    return config_unsupported_reason(model.config)
 
 
 class Linear:
@@ -84,32 +89,48 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
+def _weights(*tensors, dtype=None) -> torch.Tensor:
+    """The tensors concatenated along rows (one tensor: itself), detached, in ``dtype`` if given."""
+    w = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+    return w.detach().to(dtype) if dtype is not None else w.detach()
+
+
 class Layer:
-    def __init__(self, layer, packed_rows):
+    def __init__(self, layer, packed_rows, dtype=None):
         a, m = layer.self_attn, layer.mlp
         bias = None
         if a.q_proj.bias is not None:
-            bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
-        self.qkv = Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(), bias, packed_rows)
-        self.o = Linear(a.o_proj.weight.detach(), None, packed_rows)
-        self.gate_up = Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), None, packed_rows)
-        self.down = Linear(m.down_proj.weight.detach(), None, packed_rows)
-        self.ln1, self.ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+            bias = _weights(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, dtype=dtype)
+        self.qkv = Linear(_weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=dtype), bias, packed_rows)
+        self.o = Linear(_weights(a.o_proj.weight, dtype=dtype), None, packed_rows)
+        self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=dtype), None, packed_rows)
+        self.down = Linear(_weights(m.down_proj.weight, dtype=dtype), None, packed_rows)
+        self.ln1 = _weights(layer.input_layernorm.weight, dtype=dtype)
+        self.ln2 = _weights(layer.post_attention_layernorm.weight, dtype=dtype)
         self.eps = layer.input_layernorm.variance_epsilon
-        self.q_norm = getattr(a, "q_norm", None)  # Qwen3: RMSNorm over head_dim before RoPE
-        self.k_norm = getattr(a, "k_norm", None)
+        # Qwen3: RMSNorm over head_dim before RoPE (HF's formula, as _rms_norm computes it).
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.qk_norms = None if qn is None else (_weights(qn.weight, dtype=dtype), _weights(kn.weight, dtype=dtype),
+                                                 qn.variance_epsilon)
         self.scaling = a.scaling
         self.inter = m.gate_proj.weight.shape[0]
 
     def linears(self) -> tuple[Linear, ...]:
         return self.qkv, self.o, self.gate_up, self.down
 
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.qk_norms is None:
+            return q, k
+        wq, wk, eps = self.qk_norms
+        return _rms_norm(q, wq, eps), _rms_norm(k, wk, eps)
+
 
 class Decoder:
     """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
     cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
 
-    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path"):
+    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None):
+        """``dtype``: compute in it (the weights are cast once); None keeps the model's."""
         from .target import base_model
 
         reason = unsupported_reason(model)
@@ -120,17 +141,26 @@ class Decoder:
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.hidden = cfg.hidden_size
-        self.embed = self.base.embed_tokens.weight.detach()
-        self.layers = [Layer(layer, packed_rows) for layer in self.base.layers]
-        self.norm, self.norm_eps = self.base.norm.weight.detach(), self.base.norm.variance_epsilon
-        self.head = Linear(model.get_output_embeddings().weight.detach(), None, ())
+        self.embed = _weights(self.base.embed_tokens.weight, dtype=dtype)
+        self.layers = [Layer(layer, packed_rows, dtype) for layer in self.base.layers]
+        self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), self.base.norm.variance_epsilon
+        # The LM head too: a verification needs logits at every row, and F.linear over a few rows
+        # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, session 7).
+        self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
+
+    def linears(self) -> list[Linear]:
+        return [lin for layer in self.layers for lin in layer.linears()] + [self.head]
 
     def repack(self, rows: tuple[int, ...]):
-        """Pack every layer's matmuls for ``rows`` instead (a packed GEMM is specialised for its row
-        count); the fused weights are not copied again."""
-        for layer in self.layers:
-            for lin in layer.linears():
-                lin.pack(rows)
+        """Pack every matmul (layers and head) for ``rows`` instead (a packed GEMM is specialised for
+        its row count); the fused weights are not copied again."""
+        for lin in self.linears():
+            lin.pack(rows)
+
+    def packable(self) -> bool:
+        """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL)."""
+        probe = Linear(self.head.weight[:1], None, (2,))
+        return bool(probe.packed)
 
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
@@ -189,8 +219,7 @@ class FastTarget:
             q = qkv[:, :nh * hd].view(n, nh, hd)
             k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
             v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
-            if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
+            q, k = layer.qk_norm(q, k)
             q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
             self.k[j, :, past:past + n] = k[0]
             self.v[j, :, past:past + n] = v.transpose(0, 1)
@@ -211,3 +240,44 @@ class FastTarget:
         dst = slice(past, past + keep.numel())
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+
+
+def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3, rounds: int = 2,
+                 clock=None) -> dict | None:
+    """Pack ``fast``'s matmuls for the fastest of a few options for ``rows``-row verifications, timed
+    here, and return what was measured (None: nothing to choose: one row, or nothing packs here).
+
+    A packed GEMM is specialised for its row count, and MKL's speed is not monotonic in it: on
+    one Xeon 3 rows packed for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed
+    for 4, 1.30x (docs/benchmarks.md). Which option wins is the CPU's and MKL's, so it is measured
+    at start-up: unpacked, packed for ``rows``, and padded up to a multiple of 4, in interleaved
+    rounds (a shared machine's load drifts between rounds), the best median kept. Every option
+    computes the same products; the cache is left holding garbage past position 0, which the
+    next prefill overwrites.
+    """
+    import time
+
+    clock = clock or time.perf_counter
+    options = [(), (rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
+    if rows < 2 or not fast.decoder.packable() or fast.max_len < prefix + rows:
+        return None
+    dev = fast.embed.device
+    ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)
+    fast.forward(ids[:prefix], torch.arange(prefix, device=dev), 0, logits="last")
+    new, pos = ids[prefix:], torch.arange(prefix, prefix + rows, device=dev)
+    times: dict[tuple, list[float]] = {o: [] for o in options}
+    for _ in range(rounds):
+        for option in options:
+            fast.decoder.repack(option)
+            fast.forward(new, pos, prefix)  # warm: the first call after packing pays page faults
+            runs = []
+            for _ in range(repeats):
+                t0 = clock()
+                fast.forward(new, pos, prefix)
+                runs.append(clock() - t0)
+            times[option].append(sorted(runs)[len(runs) // 2])
+    med = {o: sorted(ts)[len(ts) // 2] for o, ts in times.items()}
+    best = min(options, key=lambda o: (med[o], o))
+    fast.decoder.repack(best)
+    return {"rows": rows, "packed_for": best[0] if best else None,
+            "ms": {str(o[0]) if o else "none": round(1000 * t, 2) for o, t in med.items()}}

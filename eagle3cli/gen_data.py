@@ -146,8 +146,10 @@ def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
 # ---------------------------------------------------------------- output folder
 
 
-def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_fingerprint) -> dict:
-    """The settings that shape the stored data: a rerun must match them to resume."""
+def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_fingerprint,
+                 regen: str | None = None) -> dict:
+    """The settings that shape the stored data: a rerun must match them to resume. ``regen``: the
+    dtype local regeneration computes in, when it is not the target's own (``regen_dtype``)."""
     return {
         "model": spec.model, "revision": spec.revision, "dtype": spec.dtype, "adapter": spec.adapter,
         "load_in_8bit": spec.load_in_8bit, "load_in_4bit": spec.load_in_4bit,
@@ -161,6 +163,7 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
         "feature_dtype": opts.feature_dtype if opts.features == "offline" else None,
         # Only when not the default, so that stores written before the option still resume.
         **({"capture_engine": opts.engine} if opts.engine != "hf" else {}),
+        **({"regen_dtype": regen} if regen else {}),
     }
 
 
@@ -281,6 +284,38 @@ class Pipeline:
         self.template_sha = template_hash(self.template)
         self.end_ids = end_of_turn_ids(self.tokenizer)
         self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None))
+        self.regen_dtype = self.resolve_regen_dtype()
+
+    def resolve_regen_dtype(self) -> str | None:
+        """The dtype local regeneration computes in (None: no local regeneration), checked before
+        any weights are loaded."""
+        from .regenerate import regen_dtype
+        from .target import default_device, resolve_dtype
+
+        o = self.opts
+        if not o.regenerate or o.endpoint:
+            if o.regen_dtype != "auto":
+                raise GenDataError("--regen-dtype sets how the local target regenerates; it does nothing with "
+                                   + ("--endpoint" if o.endpoint else "--no-regenerate"))
+            return None
+        device = self.spec.device or default_device()
+        try:
+            return regen_dtype(o.regen_dtype, self.config, device, resolve_dtype(self.spec.dtype, device),
+                               quantized=self.spec.load_in_8bit or self.spec.load_in_4bit)
+        except ValueError as e:
+            raise GenDataError(str(e)) from None
+
+    def regen_dtype_setting(self) -> str | None:
+        """regen_dtype when it differs from the target's compute dtype: what run settings record."""
+        import torch
+
+        from .target import default_device, resolve_dtype
+
+        if self.regen_dtype is None:
+            return None
+        device = self.spec.device or default_device()
+        own = resolve_dtype(self.spec.dtype, device)
+        return None if getattr(torch, self.regen_dtype) == own else self.regen_dtype
 
     def load_data(self):
         from .sources import SourceError
@@ -332,7 +367,8 @@ class Pipeline:
                     "rows_read": self.report.rows, "conversations": len(self.convs),
                     "regenerated": o.regenerate, "endpoint": o.endpoint,
                     "generation": {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature,
-                                   "top_p": o.top_p, "system": o.system} if o.regenerate else None,
+                                   "top_p": o.top_p, "system": o.system, "dtype": self.regen_dtype}
+                    if o.regenerate else None,
                     "seed": o.seed, "shuffle": o.shuffle, "max_samples": o.max_samples},
             version=__version__, run=settings)
 
@@ -420,7 +456,7 @@ class Pipeline:
         if path.exists():
             return _read_regenerated(path)
         settings = GenSettings(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
-                               batch_size=o.batch_size, max_length=o.max_length)
+                               batch_size=o.batch_size, max_length=o.max_length, dtype=self.regen_dtype)
         msgs = [c.messages for c in convs]
         if self.endpoint is not None:
             results, stats = regenerate_endpoint(self.endpoint, msgs, settings)
@@ -510,7 +546,8 @@ class Pipeline:
             return None
         self.preflight()
         self.out = Path(o.out)
-        settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data))
+        settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data),
+                                regen=self.regen_dtype_setting())
         mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
         base = self.base_manifest(settings)
         n_shards = -(-len(self.convs) // o.shard_size)
@@ -524,7 +561,8 @@ class Pipeline:
         if todo and need_model:
             from .target import load_target
 
-            console.print(f"loading target {self.spec.model} ...")
+            regen = f" (regenerating in {self.regen_dtype})" if self.regen_dtype else ""
+            console.print(f"loading target {self.spec.model}{regen} ...")
             self.model = load_target(self.spec)
         if todo and o.endpoint:
             from .regenerate import Endpoint, EndpointError

@@ -132,3 +132,66 @@ def test_batcher_reports_progress_per_conversation(smol):
     regenerate_local(model, tok, CONVS, settings, end_of_turn_ids(tok), on_batch=calls.append)
     assert calls[-1] == f"{len(CONVS)}/{len(CONVS)} conversations"
     assert calls == sorted(set(calls), key=lambda c: int(c.split("/")[0]))  # increasing, no repeats
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_slot_target_in_bfloat16_matches_the_bf16_model(arch):
+    """dtype=bfloat16 casts the weights once and computes (and caches) in bf16: the logits are the
+    HF forward of the model cast to bf16, within bf16 rounding; the fp32 model is left as it was."""
+    import copy
+
+    model = tiny_model(arch)
+    ref = copy.deepcopy(model).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    slots = SlotTarget(model, slots=2, max_len=16, dtype=torch.bfloat16)
+    assert slots.k.dtype == torch.bfloat16 and slots.layers[0].qkv.weight.dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (7, 3)]
+    for s, ids in enumerate(seqs):
+        got = slots.prefill(s, ids, 0)
+        want = hf_last_logits(ref, ids)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2 ** -6)
+    new = torch.tensor([5, 9])
+    got = slots.decode(new, torch.tensor([len(x) for x in seqs]))
+    for s in range(2):
+        torch.testing.assert_close(got[s].float(), hf_last_logits(ref, seqs[s] + [int(new[s])]).float(),
+                                   atol=3e-2, rtol=2 ** -6)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_regeneration_in_bfloat16_is_the_bf16_models_greedy_text(smol):
+    """GenSettings.dtype bfloat16 on an fp32 model: the answers of the model cast to bf16 (static
+    batches on that copy), token for token."""
+    import copy
+
+    model, tok = smol
+    settings = GenSettings(max_new_tokens=10, batch_size=2, max_length=200)
+    stops = end_of_turn_ids(tok) | {tok.eos_token_id}
+    ref, ref_stats = regenerate_local(copy.deepcopy(model).to(torch.bfloat16), tok, CONVS, settings, stops,
+                                      continuous=False)
+    bf16 = GenSettings(**{**settings.__dict__, "dtype": "bfloat16"})
+    got, stats = regenerate_local(model, tok, CONVS, bf16, stops)
+    assert got == ref and stats == ref_stats
+    with pytest.raises(ValueError, match="needs continuous batching"):
+        regenerate_local(model, tok, CONVS, bf16, stops, continuous=False)
+
+
+def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_an_amx_cpu(monkeypatch):
+    import eagle3cli.regenerate as regen
+
+    llama, gemma = tiny_model("llama").config, tiny_model("gemma3_text").config
+    monkeypatch.setattr(regen, "has_amx_bf16", lambda: True)
+    assert regen.regen_dtype("auto", llama, "cpu", torch.float32) == "bfloat16"
+    assert regen.regen_dtype("auto", llama, "cpu", torch.float32, quantized=True) == "float32"
+    assert regen.regen_dtype("auto", gemma, "cpu", torch.float32) == "float32"  # no continuous batching
+    assert regen.regen_dtype("auto", llama, "cuda", torch.bfloat16) == "bfloat16"
+    assert regen.regen_dtype("auto", llama, "cuda", torch.float32) == "float32"
+    assert regen.regen_dtype("float32", llama, "cpu", torch.float32) == "float32"
+    monkeypatch.setattr(regen, "has_amx_bf16", lambda: False)
+    assert regen.regen_dtype("auto", llama, "cpu", torch.float32) == "float32"
+    assert regen.regen_dtype("bfloat16", llama, "cpu", torch.float32) == "bfloat16"  # asked for: honoured
+    with pytest.raises(ValueError, match="needs continuous batching.*gemma3_text"):
+        regen.regen_dtype("bfloat16", gemma, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="must be auto or one of"):
+        regen.regen_dtype("bf16", llama, "cpu", torch.float32)

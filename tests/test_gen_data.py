@@ -260,6 +260,33 @@ def test_bad_inputs_give_one_line_errors(smol_tiny_dir, data_file, tmp_path):
     assert (busy / "notes.txt").read_text() == "mine"
 
 
+def test_regen_dtype_is_recorded_resumes_and_refuses_a_change(smol_tiny_dir, data_file, tmp_path, monkeypatch):
+    """--regen-dtype: the store records what regeneration computed in when it is not --dtype's, the
+    answers are those of the bf16 computation, and a rerun in another dtype is refused."""
+    import eagle3cli.regenerate as regen
+
+    out = tmp_path / "bf16"
+    seen = []
+    real = regen._regenerate_continuous
+    monkeypatch.setattr(regen, "_regenerate_continuous", lambda *a, **k: seen.append(a[3].dtype) or real(*a, **k))
+    man = run(options(out, data_file, regen_dtype="bfloat16"), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    assert man["run"]["regen_dtype"] == "bfloat16" and man["source"]["generation"]["dtype"] == "bfloat16"
+    assert seen == ["bfloat16"] * 3  # every shard
+    with pytest.raises(GenDataError, match=r"different settings \(regen_dtype\)"):
+        run(options(out, data_file, regen_dtype="float32"), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    # auto without AMX: --dtype's own, and nothing recorded (stores from before the option resume).
+    monkeypatch.setattr(regen, "has_amx_bf16", lambda: False)
+    man = run(options(tmp_path / "fp32", data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    assert "regen_dtype" not in man["run"] and man["source"]["generation"]["dtype"] == "float32"
+    monkeypatch.setattr(regen, "has_amx_bf16", lambda: True)
+    man = run(options(tmp_path / "auto", data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    assert man["run"]["regen_dtype"] == "bfloat16"
+    m = ["-m", str(smol_tiny_dir), "--data", str(data_file), "--dry-run"]
+    assert "--regen-dtype sets how the local target regenerates; it does nothing with --no-regenerate" in \
+        cli_error(m + ["--no-regenerate", "--regen-dtype", "float32"])
+    assert "--regen-dtype must be auto or one of bfloat16, float16, float32" in cli_error(m + ["--regen-dtype", "x"])
+
+
 # ---------------------------------------------------------------- --endpoint
 
 

@@ -309,6 +309,37 @@ from eagle3cli.tree import verify_mask  # noqa: E402
 FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 
+def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
+    """tune_packing times unpacked, packed for the row count and padded to a multiple of 4, and
+    packs every matmul (the LM head included) for the fastest; the logits stay the model's."""
+    from eagle3cli.fast_target import tune_packing
+
+    target = tiny_model("llama")
+    fast = FastTarget(target, 128)
+    cost = {(): 5.0, (3,): 9.0, (4,): 2.0}  # a fake clock: each forward costs what its packing costs
+    now = [0.0]
+
+    def clock():
+        now[0] += cost[tuple(fast.head.packed)]  # end - start of a forward: its packing's cost
+        return now[0]
+
+    got = tune_packing(fast, 3, clock=clock)
+    assert got == {"rows": 3, "packed_for": 4, "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0}}
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(4,)}
+    assert len(fast.decoder.linears()) == 4 * target.config.num_hidden_layers + 1
+    cost[()] = 1.0
+    assert tune_packing(fast, 4, clock=clock)["packed_for"] is None  # unpacked wins: nothing packed
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {()}
+    assert tune_packing(fast, 1) is None  # one row never packs
+    ids = prompt(9, n=9)
+    with torch.no_grad():
+        fast.forward(ids[0, :6], torch.arange(6), 0)
+        logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)
+        torch.testing.assert_close(logits, target(input_ids=ids).logits[0, 6:], atol=1e-5, rtol=1e-5)
+    bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 128)
+    assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None  # MKL packs fp32 only
+
+
 @pytest.mark.parametrize("arch", FAST_ARCHS)
 def test_fast_target_matches_hf_forward(arch):
     """Prefill, a tree verification with its mask, and the kept cache equal the HF forward's."""
