@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from eagle3cli.evaluate import EvalConfig, build_fast_target, encode, load_turns_file
+    from eagle3cli.evaluate import EvalConfig, build_fast_target, encode, load_turns_file, pack_for_run
     from eagle3cli.formats import as_ours, read_draft
     from eagle3cli.generator import SpecSettings, speculative_generate
     from eagle3cli.target import TargetSpec, load_config, load_target, load_tokenizer
@@ -54,6 +54,7 @@ def main(argv=None) -> int:
                      max_new_tokens=args.max_new_tokens)
     fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode, fast=args.fast), s,
                                    getattr(target.config, "max_position_embeddings", None))
+    pack_for_run(fast, s)  # the fastest packing measured here, as eval
     prompts = load_turns_file(args.prompts, args.limit)
     rows, t_all = [], time.perf_counter()
     for n, pr in enumerate(prompts, 1):

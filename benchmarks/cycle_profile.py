@@ -1,0 +1,89 @@
+"""Where a speculative cycle's time goes: draft (by part), verify and bookkeeping, per cycle.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/cycle_profile.py --model TARGET --draft DRAFT \
+        [--prompts mt_bench.jsonl] [--limit 6] [--mode chain|tree] [--draft-dtype bfloat16]
+
+Runs ``speculative_generate`` on the fast path, as ``eagle3 eval`` does, on the first turns of
+``--limit`` prompts, with the drafter's parts wrapped in timers: ``observe`` (the accepted
+tokens' features in: fc + one layer step + head), ``expand`` (one tree level: a layer step +
+head over its nodes), and inside them the layer step, the draft head and the rest of the
+log-softmax / scatter into the target vocabulary. Prints ms per cycle next to the generator's
+own draft / verify / bookkeeping split. ``--draft-dtype`` casts the draft (its proposals only:
+the output stays the target's greedy one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompts", help="a turns JSONL (default: the bundled mt_bench)")
+    p.add_argument("--limit", type=int, default=6)
+    p.add_argument("--mode", choices=["chain", "tree"], default="chain")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tree", default="12,4,4", help="tree mode: TOTAL,DEPTH,TOPK")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--draft-dtype", default="float32")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from eagle3cli.draft import Eagle3Draft
+    from eagle3cli.evaluate import EvalConfig, build_fast_target, encode, load_turns_file, pack_for_run
+    from eagle3cli.formats import as_ours, read_draft
+    from eagle3cli.generator import EagleDrafter, SpecSettings, speculative_generate
+    from eagle3cli.quickstart import bundled_prompts
+    from eagle3cli.target import TargetSpec, load_config, load_target, load_tokenizer
+
+    spec = TargetSpec(args.model, device="cpu", dtype="float32")
+    target, tok = load_target(spec), load_tokenizer(spec)
+    draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=getattr(torch, args.draft_dtype))
+    draft.eval()
+    total, depth, top_k = (int(x) for x in args.tree.split(","))
+    s = SpecSettings(mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
+                     max_new_tokens=args.max_new_tokens)
+    fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode), s, 8192)
+    if fast is None:
+        raise SystemExit(f"the fast path does not apply: {note}")
+    pack_for_run(fast, s)
+    spent: dict[str, float] = {}
+
+    def timer(name, fn):
+        def wrapped(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            return out
+        return wrapped
+
+    for cls, names in ((EagleDrafter, ("observe", "expand", "_logq")), (Eagle3Draft, ("step", "fuse", "logits"))):
+        for name in names:
+            setattr(cls, name, timer(name, getattr(cls, name)))
+    prompts = load_turns_file(args.prompts or bundled_prompts(), args.limit)
+    split = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
+    cycles = tokens = 0
+    with torch.no_grad():
+        for pr in prompts:
+            ids = encode(tok, [{"role": "user", "content": pr.turns[0]}])
+            r = speculative_generate(target, draft, ids, s, fast=fast)
+            for k in split:
+                split[k] += r.times[k]
+            cycles, tokens = cycles + r.forwards, tokens + r.decode_tokens
+    per = lambda v: 1000 * v / max(1, cycles)  # noqa: E731
+    print(f"{len(prompts)} first turns, {args.mode}, draft in {args.draft_dtype}, {torch.get_num_threads()} "
+          f"threads: {cycles} cycles, tau {tokens / max(1, cycles):.3f}")
+    print("per cycle: " + ", ".join(f"{k} {per(v):.2f} ms" for k, v in split.items()))
+    rest = spent.get("_logq", 0.0) - spent.get("logits", 0.0)
+    print(f"  draft parts: observe {per(spent.get('observe', 0)):.2f} ms, expand {per(spent.get('expand', 0)):.2f} ms; "
+          f"layer steps {per(spent.get('step', 0)):.2f}, head {per(spent.get('logits', 0)):.2f}, "
+          f"softmax + scatter {per(rest):.2f}, fc {per(spent.get('fuse', 0)):.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
