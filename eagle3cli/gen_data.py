@@ -284,38 +284,29 @@ class Pipeline:
         self.template_sha = template_hash(self.template)
         self.end_ids = end_of_turn_ids(self.tokenizer)
         self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None))
-        self.regen_dtype = self.resolve_regen_dtype()
+        self.regen_dtype, self.regen_recorded = self.resolve_regen_dtype()
 
-    def resolve_regen_dtype(self) -> str | None:
-        """The dtype local regeneration computes in (None: no local regeneration), checked before
-        any weights are loaded."""
+    def resolve_regen_dtype(self) -> tuple[str | None, str | None]:
+        """(the dtype local regeneration computes in, None without local regeneration; the same
+        when it differs from the target's compute dtype, else None: what run settings record),
+        checked before any weights are loaded."""
         from .regenerate import regen_dtype
-        from .target import default_device, resolve_dtype
+        from .target import DTYPES, default_device, resolve_dtype
 
         o = self.opts
         if not o.regenerate or o.endpoint:
             if o.regen_dtype != "auto":
                 raise GenDataError("--regen-dtype sets how the local target regenerates; it does nothing with "
                                    + ("--endpoint" if o.endpoint else "--no-regenerate"))
-            return None
+            return None, None
         device = self.spec.device or default_device()
+        own = resolve_dtype(self.spec.dtype, device)
         try:
-            return regen_dtype(o.regen_dtype, self.config, device, resolve_dtype(self.spec.dtype, device),
+            name = regen_dtype(o.regen_dtype, self.config, device, own,
                                quantized=self.spec.load_in_8bit or self.spec.load_in_4bit)
         except ValueError as e:
             raise GenDataError(str(e)) from None
-
-    def regen_dtype_setting(self) -> str | None:
-        """regen_dtype when it differs from the target's compute dtype: what run settings record."""
-        import torch
-
-        from .target import default_device, resolve_dtype
-
-        if self.regen_dtype is None:
-            return None
-        device = self.spec.device or default_device()
-        own = resolve_dtype(self.spec.dtype, device)
-        return None if getattr(torch, self.regen_dtype) == own else self.regen_dtype
+        return name, (None if DTYPES[name] == own else name)
 
     def load_data(self):
         from .sources import SourceError
@@ -547,7 +538,7 @@ class Pipeline:
         self.preflight()
         self.out = Path(o.out)
         settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data),
-                                regen=self.regen_dtype_setting())
+                                regen=self.regen_recorded)
         mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
         base = self.base_manifest(settings)
         n_shards = -(-len(self.convs) // o.shard_size)

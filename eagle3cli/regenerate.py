@@ -50,7 +50,7 @@ def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = 
     """The dtype local regeneration computes in, from ``--regen-dtype`` (a dtype name or auto).
 
     auto: bfloat16 for an fp32 target on a CPU with AMX-BF16 when continuous batching applies.
-    There a batch of 32 decodes 1.4x faster in bf16 (the tiles run the bf16 matmuls, and the KV
+    There a batch of 32 regenerates 1.3x faster in bf16 (the tiles run the bf16 matmuls, and the KV
     cache read each step is half the bytes; docs/benchmarks.md); the answers are still the
     target's own, as a bf16 serving engine would write them. Else the target's own dtype.
     Features are captured at the target's dtype either way.
