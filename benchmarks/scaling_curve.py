@@ -124,8 +124,9 @@ def report(rows: list[dict], nq: int, epochs: int, max_new: int, png: Path):
     for r in rows:
         acc0 = r["held_out_acc"][0] if r["held_out_acc"] else float("nan")
         tree = f"{r['tree_tau']:.2f}" if "tree_tau" in r else "-"
+        speed = f"{r['chain_speedup']:.2f}x" if r.get("chain_speedup") is not None else "-"  # acceptance-only rows
         print(f"| {r['shards']}x | {r['samples']} | {r['train_s']} | {acc0:.3f} | {r['chain_tau']:.2f} | "
-              f"{r['chain_speedup']:.2f}x | {tree} | {r['lossless']} |")
+              f"{speed} | {tree} | {r['lossless']} |")
     try:
         import matplotlib
 
