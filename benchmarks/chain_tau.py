@@ -38,23 +38,11 @@ def main(argv=None) -> int:
     p.add_argument("--json-out")
     args = p.parse_args(argv)
 
-    import torch
+    from eagle3cli.evaluate import encode, load_turns_file
+    from eagle3cli.generator import speculative_generate
 
-    from eagle3cli.evaluate import EvalConfig, build_fast_target, encode, load_turns_file, pack_for_run
-    from eagle3cli.formats import as_ours, read_draft
-    from eagle3cli.generator import SpecSettings, speculative_generate
-    from eagle3cli.target import TargetSpec, load_config, load_target, load_tokenizer
-
-    spec = TargetSpec(args.model, device="cpu", dtype="float32")
-    target, tok = load_target(spec), load_tokenizer(spec)
-    draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=torch.float32)
-    draft.eval()
-    total, depth, top_k = (int(x) for x in args.tree.split(","))
-    s = SpecSettings(mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
-                     max_new_tokens=args.max_new_tokens)
-    fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode, fast=args.fast), s,
-                                   getattr(target.config, "max_position_embeddings", None))
-    pack_for_run(fast, s)  # the fastest packing measured here, as eval
+    target, tok, draft, s, fast, note = setup(args)
+    depth = s.depth
     prompts = load_turns_file(args.prompts, args.limit)
     rows, t_all = [], time.perf_counter()
     for n, pr in enumerate(prompts, 1):
@@ -77,6 +65,30 @@ def main(argv=None) -> int:
     if args.json_out:
         write(res, args.json_out)
     return 0
+
+
+def setup(args, draft_dtype: str = "float32"):
+    """(target, tokenizer, draft, SpecSettings, FastTarget or None, why not) as ``eagle3 eval`` builds
+    them from ``args`` (model, draft, mode, steps, tree, max_new_tokens, fast): an fp32 target on
+    the CPU, its fast path packed the fastest way measured here."""
+    import torch
+
+    from eagle3cli.evaluate import EvalConfig, build_fast_target, pack_for_run
+    from eagle3cli.formats import as_ours, read_draft
+    from eagle3cli.generator import SpecSettings
+    from eagle3cli.target import TargetSpec, load_config, load_target, load_tokenizer
+
+    spec = TargetSpec(args.model, device="cpu", dtype="float32")
+    target, tok = load_target(spec), load_tokenizer(spec)
+    draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=getattr(torch, draft_dtype))
+    draft.eval()
+    total, depth, top_k = (int(x) for x in args.tree.split(","))
+    s = SpecSettings(mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
+                     max_new_tokens=args.max_new_tokens)
+    fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode, fast=getattr(args, "fast", "auto")),
+                                   s, getattr(target.config, "max_position_embeddings", None))
+    pack_for_run(fast, s)
+    return target, tok, draft, s, fast, note
 
 
 def write(res: dict, path: str) -> None:

@@ -32,25 +32,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import torch
+    from chain_tau import setup
 
     from eagle3cli.draft import Eagle3Draft
-    from eagle3cli.evaluate import EvalConfig, build_fast_target, encode, load_turns_file, pack_for_run
-    from eagle3cli.formats import as_ours, read_draft
-    from eagle3cli.generator import EagleDrafter, SpecSettings, speculative_generate
+    from eagle3cli.evaluate import encode, load_turns_file
+    from eagle3cli.generator import EagleDrafter, speculative_generate
     from eagle3cli.quickstart import bundled_prompts
-    from eagle3cli.target import TargetSpec, load_config, load_target, load_tokenizer
 
-    spec = TargetSpec(args.model, device="cpu", dtype="float32")
-    target, tok = load_target(spec), load_tokenizer(spec)
-    draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=getattr(torch, args.draft_dtype))
-    draft.eval()
-    total, depth, top_k = (int(x) for x in args.tree.split(","))
-    s = SpecSettings(mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
-                     max_new_tokens=args.max_new_tokens)
-    fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode), s, 8192)
+    target, tok, draft, s, fast, note = setup(args, args.draft_dtype)
     if fast is None:
         raise SystemExit(f"the fast path does not apply: {note}")
-    pack_for_run(fast, s)
     spent: dict[str, float] = {}
 
     def timer(name, fn):

@@ -122,7 +122,7 @@ def main():
         sides = sides[:1]
     if args.static_only:
         sides = sides[1:]
-    if dtype != str(own).removeprefix("torch.") and ("static", False) in sides:
+    if getattr(torch, dtype) != own and ("static", False) in sides:
         print(f"(the static-batch loop computes in the model's {own} only: run it with --regen-dtype "
               f"{str(own).removeprefix('torch.')}; skipped)")
         sides = [x for x in sides if x[0] != "static"]

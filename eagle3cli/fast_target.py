@@ -64,13 +64,17 @@ class Linear:
         self.weight, self.bias = weight.contiguous(), bias
         self.pack(packed_rows)
 
+    @staticmethod
+    def can_pack(weight: torch.Tensor) -> bool:
+        """MKL's packed GEMM takes fp32 weights on a CPU."""
+        return weight.device.type == "cpu" and weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
+
     def pack(self, rows: tuple[int, ...]):
         """Replace the packed copies with ones for ``rows`` (the weight itself is kept as it is)."""
         self.packed = {}
-        w = self.weight
-        if w.device.type == "cpu" and w.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear"):
+        if self.can_pack(self.weight):
             for m in rows:
-                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
@@ -159,8 +163,7 @@ class Decoder:
 
     def packable(self) -> bool:
         """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL)."""
-        probe = Linear(self.head.weight[:1], None, (2,))
-        return bool(probe.packed)
+        return Linear.can_pack(self.head.weight)
 
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
