@@ -375,8 +375,11 @@ def pack_for_run(fast, settings, log=print) -> dict | None:
     (rows,) = verification_rows(settings)
     tuned = tune_packing(fast, rows)
     if tuned:
+        one = tuned["one_row"]
         log(f"packing for {rows}-row verification: {tuned['packed_for'] or 'none'} "
-            f"(ms per forward: {', '.join(f'{k} {v}' for k, v in tuned['ms'].items())})")
+            f"(ms per forward: {', '.join(f'{k} {v}' for k, v in tuned['ms'].items())}); "
+            f"one-row decoding: {'packed' if one['packed'] else 'unpacked'} "
+            f"(ms: none {one['ms']['none']}, packed {one['ms']['1']})")
     return tuned
 
 

@@ -76,9 +76,17 @@ class Linear:
             for m in rows:
                 self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
 
+    def packed_for(self, m: int) -> int | None:
+        """The packed copy an m-row call uses: the one for exactly m rows, else (m > 1) the smallest
+        one for more rows, the input padded; None: plain F.linear. One row is never padded up to a
+        block: that costs what the block costs."""
+        if m in self.packed:
+            return m
+        return min((k for k in self.packed if k > m), default=None) if m > 1 else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        size = min((k for k in self.packed if k >= m), default=None) if m > 1 else None
+        size = self.packed_for(m)
         if size is None:
             return F.linear(x, self.weight, self.bias)
         if size > m:
@@ -247,20 +255,19 @@ class FastTarget:
 
 def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3, rounds: int = 2,
                  clock=None) -> dict | None:
-    """Pack ``fast``'s matmuls for the fastest of a few options for ``rows``-row verifications, timed
-    here, and return what was measured (None: nothing to choose: one row, or nothing packs here).
+    """Pack ``fast``'s matmuls the fastest of a few ways, timed here, for the two forward sizes a
+    speculative run and its plain baseline use: ``rows``-row verifications and one-row decoding.
+    Returns what was measured (None: nothing to choose: one row, or nothing packs here).
 
     A packed GEMM is specialised for its row count, and MKL's speed is not monotonic in it: on
     one Xeon 3 rows packed for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed
     for 4, 1.30x (docs/benchmarks.md). Which option wins is the CPU's and MKL's, so it is measured
-    at start-up: unpacked, packed for ``rows``, and padded up to a multiple of 4, in interleaved
-    rounds (a shared machine's load drifts between rounds), the best median kept. Every option
-    computes the same products; the cache is left holding garbage past position 0, which the
-    next prefill overwrites.
+    at start-up: unpacked, packed for ``rows``, and padded up to a multiple of 4; then one row,
+    unpacked or packed for one (on that Xeon packed is about 11% faster: the plain baseline must
+    get it too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts
+    between rounds), the best median kept. Every option computes the same products; the cache is
+    left holding garbage past position 0, which the next prefill overwrites.
     """
-    import time
-
-    clock = clock or time.perf_counter
     options = [(), (rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
     if rows < 2 or not fast.decoder.packable() or fast.max_len < prefix + rows:
         return None
@@ -268,19 +275,33 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)
     fast.forward(ids[:prefix], torch.arange(prefix, device=dev), 0, logits="last")
     new, pos = ids[prefix:], torch.arange(prefix, prefix + rows, device=dev)
+    timing = dict(repeats=repeats, rounds=rounds, clock=clock)
+    verify = _median_times(fast, options, new, pos, prefix, **timing)
+    best = min(options, key=lambda o: (verify[o], o))
+    single_options = [best, (1,) + best]
+    single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
+    keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer
+    fast.decoder.repack(keep)
+    return {"rows": rows, "packed_for": best[0] if best else None,
+            "ms": {str(o[0]) if o else "none": round(1000 * t, 2) for o, t in verify.items()},
+            "one_row": {"packed": 1 in keep, "ms": {"none": round(1000 * single[best], 2),
+                                                    "1": round(1000 * single[(1,) + best], 2)}}}
+
+
+def _median_times(fast: FastTarget, options, new, pos, past: int, repeats: int, rounds: int, clock=None) -> dict:
+    """{packing: median seconds of one forward of ``new`` at ``pos`` after ``past`` cached positions}."""
+    import time
+
+    clock = clock or time.perf_counter
     times: dict[tuple, list[float]] = {o: [] for o in options}
     for _ in range(rounds):
         for option in options:
             fast.decoder.repack(option)
-            fast.forward(new, pos, prefix)  # warm: the first call after packing pays page faults
+            fast.forward(new, pos, past)  # warm: the first call after packing pays page faults
             runs = []
             for _ in range(repeats):
                 t0 = clock()
-                fast.forward(new, pos, prefix)
+                fast.forward(new, pos, past)
                 runs.append(clock() - t0)
             times[option].append(sorted(runs)[len(runs) // 2])
-    med = {o: sorted(ts)[len(ts) // 2] for o, ts in times.items()}
-    best = min(options, key=lambda o: (med[o], o))
-    fast.decoder.repack(best)
-    return {"rows": rows, "packed_for": best[0] if best else None,
-            "ms": {str(o[0]) if o else "none": round(1000 * t, 2) for o, t in med.items()}}
+    return {o: sorted(ts)[len(ts) // 2] for o, ts in times.items()}

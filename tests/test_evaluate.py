@@ -151,8 +151,10 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     # way for the chosen tree (fast_target.tune_packing).
     tuned = res["fast_packing"]
     assert tuned["rows"] == auto["total_tokens"] + 1 and len(built) == 1
-    assert packed[-1] == ((tuned["packed_for"],) if tuned["packed_for"] else ())
+    verify_packing = (tuned["packed_for"],) if tuned["packed_for"] else ()
+    assert packed[-1] == ((1,) if tuned["one_row"]["packed"] else ()) + verify_packing
     assert set(tuned["ms"]) <= {"none", str(tuned["rows"]), str(-(-tuned["rows"] // 4) * 4)}
+    assert set(tuned["one_row"]["ms"]) == {"none", "1"}
 
 
 def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):

@@ -310,13 +310,15 @@ FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 
 def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
-    """tune_packing times unpacked, packed for the row count and padded to a multiple of 4, and
-    packs every matmul (the LM head included) for the fastest; the logits stay the model's."""
+    """tune_packing times unpacked, packed for the row count and padded to a multiple of 4, then one
+    row unpacked or packed for one, and packs every matmul (the LM head included) the fastest way
+    for both; the logits stay the model's."""
     from eagle3cli.fast_target import tune_packing
 
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
-    cost = {(): 5.0, (3,): 9.0, (4,): 2.0}  # a fake clock: each forward costs what its packing costs
+    # a fake clock: each forward costs what its packing costs
+    cost = {(): 5.0, (3,): 9.0, (4,): 2.0, (1, 4): 1.5, (1,): 6.0}
     now = [0.0]
 
     def clock():
@@ -324,20 +326,41 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
         return now[0]
 
     got = tune_packing(fast, 3, clock=clock)
-    assert got == {"rows": 3, "packed_for": 4, "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0}}
-    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(4,)}
+    assert got == {"rows": 3, "packed_for": 4, "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0},
+                   "one_row": {"packed": True, "ms": {"none": 2000.0, "1": 1500.0}}}
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(1, 4)}
     assert len(fast.decoder.linears()) == 4 * target.config.num_hidden_layers + 1
-    cost[()] = 1.0
-    assert tune_packing(fast, 4, clock=clock)["packed_for"] is None  # unpacked wins: nothing packed
+    cost[()] = 1.0  # unpacked wins both: nothing packed
+    got = tune_packing(fast, 4, clock=clock)
+    assert got["packed_for"] is None and got["one_row"] == {"packed": False, "ms": {"none": 1000.0, "1": 6000.0}}
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {()}
-    assert tune_packing(fast, 1) is None  # one row never packs
+    assert tune_packing(fast, 1) is None  # nothing to verify
     ids = prompt(9, n=9)
+    fast.decoder.repack((1, 4))
     with torch.no_grad():
         fast.forward(ids[0, :6], torch.arange(6), 0)
-        logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)
-        torch.testing.assert_close(logits, target(input_ids=ids).logits[0, 6:], atol=1e-5, rtol=1e-5)
+        logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)  # 3 rows padded to 4
+        one, _ = fast.forward(ids[0, 6:7], torch.arange(6, 7), 6)  # one row, packed for one
+        ref = target(input_ids=ids).logits[0]
+        torch.testing.assert_close(logits, ref[6:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 128)
     assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None  # MKL packs fp32 only
+
+
+def test_linear_packing_rule():
+    """One row uses only a copy packed for one (padding it up to a block costs the block); more rows
+    use their own, else the smallest larger one; else F.linear."""
+    from eagle3cli.fast_target import Linear
+
+    w = torch.randn(8, 4)
+    assert Linear(w, None, (4,)).packed_for(1) is None
+    assert Linear(w, None, (1, 4)).packed_for(1) == 1
+    lin = Linear(w, None, (1, 4, 16))
+    assert [lin.packed_for(m) for m in (2, 4, 5, 16, 17)] == [4, 4, 16, 16, None]
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lin(x), x @ w.T, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", FAST_ARCHS)
