@@ -445,7 +445,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     fast, path_note = build_fast_target(target, cfg, settings, max_pos)
     log(f"verification path: {'fast (fast_target: static cache, packed matmuls)' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
-    packing = pack_for_run(fast, settings, log)
+    tree_auto = cfg.tree_auto and cfg.mode == "tree"
+    # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
+    packing = None if tree_auto else pack_for_run(fast, settings, log)
 
     def spec(ids, s=settings, seed=cfg.seed):
         return speculative_generate(target, drafter, ids, s, seed=seed, fast=fast)
@@ -470,7 +472,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if cfg.prompt_lookup:
         hf_generate(target, first, cfg.warmup_tokens, prompt_lookup=cfg.prompt_lookup_tokens)
     auto = None
-    if cfg.tree_auto and cfg.mode == "tree":
+    if tree_auto:
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
                               "max_new_tokens": min(64, cfg.max_new_tokens)})
         calib = [spec(f, big) for f in firsts[:3]]

@@ -88,15 +88,21 @@ def resolve_target(config: dict, base_model: str | None = None) -> str:
     target = (config.get(METADATA_KEY) or {}).get("target")
     if not target:
         raise PushError("the draft's config.json records no target model; pass --base-model OWNER/NAME")
-    if not is_hub_id(target):
-        known = _converted_hub_id(target)
-        if known:
-            console.print(f"base model: {known} (the Hub model that {target} was converted from; "
-                          "--base-model overrides)", highlight=False)
-            return known
-        raise PushError(f"the draft was trained on the local folder {target}; pass --base-model OWNER/NAME "
-                        f"(its Hub id{_hub_id_hint(target)}) so the card and the serving commands name it")
-    return target
+    return hub_id_of(target)
+
+
+def hub_id_of(target: str, local: str = "the draft was trained on the local folder") -> str:
+    """``target`` if it is a Hub id, else the Hub id a known local conversion came from; a local
+    folder of unknown origin is an error saying what to pass (``local`` words its start)."""
+    if is_hub_id(target):
+        return target
+    known = _converted_hub_id(target)
+    if known:
+        console.print(f"base model: {known} (the Hub model that {target} was converted from; "
+                      "--base-model overrides)", highlight=False)
+        return known
+    raise PushError(f"{local} {target}; pass --base-model OWNER/NAME "
+                    f"(its Hub id{_hub_id_hint(target)}) so the card and the serving commands name it")
 
 
 def _converted_hub_id(folder: str) -> str | None:

@@ -35,9 +35,12 @@ class QuickstartOptions:
     lr: float = 3e-3  # a short run wants a larger step than the recipes' 1e-4
     eval_prompts: int = 4  # mt_bench prompts (both turns)
     eval_tokens: int = 64
-    tree: tuple[int, int, int] = (16, 4, 4)  # total_tokens, depth, top_k: a CPU wants a small tree
+    # "auto": eval measures the verify-cost curve and the draft's acceptance here and takes the tree
+    # that decodes fastest (a weak draft on a CPU pays only with a tiny one); or "TOTAL,DEPTH[,TOPK]".
+    tree: str = "auto"
     seed: int = 0
     repo_id: str | None = None  # name on the card; default <model>-eagle3
+    base_model: str | None = None  # the target's Hub id for the card (needed when --model is a local folder)
 
 
 @dataclass
@@ -112,6 +115,7 @@ def _model_type(model: str) -> str | None:
 def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
     from .evaluate import EvalConfig, evaluate, write_results
     from .export import load_draft
+    from .options import parse_tree
     from .target import TargetSpec, load_target, load_tokenizer
 
     out = opts.out / "eval"
@@ -122,9 +126,10 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
     spec = TargetSpec(model=model)
     target, tok = load_target(spec), load_tokenizer(spec)
     d, _ = load_draft(draft, target=target)
-    total, depth, top_k = opts.tree
+    auto, total, depth, top_k = parse_tree(opts.tree)
     cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=opts.eval_prompts,
-                     max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k)
+                     max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k,
+                     tree_auto=auto)
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
@@ -135,13 +140,25 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
     return results
 
 
-def _export(opts: QuickstartOptions, model: str, draft: Path, log) -> Path:
+def _base_model(opts: QuickstartOptions, model: str) -> str:
+    """The target's Hub id the card will name, settled before any work: a local --model folder of
+    unknown origin needs --base-model, and finding that out after training would waste the run."""
+    from .push import HUB_ID, PushError, hub_id_of
+
+    if opts.base_model:
+        if not HUB_ID.match(opts.base_model):
+            raise PushError(f"--base-model {opts.base_model!r} is not a Hub id (OWNER/NAME)")
+        return opts.base_model
+    return hub_id_of(model, local="--model is the local folder")
+
+
+def _export(opts: QuickstartOptions, base_model: str, draft: Path, log) -> Path:
     from .push import dry_run
 
     out = opts.out / "hub"
-    repo = opts.repo_id or f"your-name/{Path(model).name}-eagle3"
+    repo = opts.repo_id or f"your-name/{base_model.split('/')[-1]}-eagle3"
     log(f"[6/6] export: the folder `eagle3 push` would upload -> {out}")
-    dry_run(draft, out, repo, eval_results=[opts.out / "eval" / "results.json"])
+    dry_run(draft, out, repo, eval_results=[opts.out / "eval" / "results.json"], base_model=base_model)
     return out
 
 
@@ -157,6 +174,7 @@ def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
         t = now
 
     model = _model(opts, log)
+    base_model = _base_model(opts, model)
     lap("model")
     prompts = _prompts(opts, log)
     data = _gen_data(opts, model, prompts, log)
@@ -165,6 +183,6 @@ def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
     lap("train")
     results = _eval(opts, model, draft, log)
     lap("eval")
-    hub = _export(opts, model, draft, log)
+    hub = _export(opts, base_model, draft, log)
     lap("export")
     return QuickstartResult(model=model, draft=draft, hub_folder=hub, results=results, seconds=seconds)

@@ -21,6 +21,9 @@ def quickstart(
                                          "on ShareGPT's own answers, faster, weaker draft)."),
     eval_prompts: int = typer.Option(4, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
+    base_model: Optional[str] = typer.Option(None, "--base-model",
+                                             help="The target's Hub id for the card and serving commands "
+                                                  "(needed when --model is a local folder)."),
 ):
     """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
     from rich.table import Table
@@ -28,7 +31,7 @@ def quickstart(
     from ..quickstart import QuickstartOptions, run
 
     opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
-                             eval_prompts=eval_prompts, repo_id=repo)
+                             eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
     res = run(opts, log=lambda m: console.print(m, highlight=False))  # user errors: Eagle3Error, one line
     from ..model_card import sglang_command, vllm_command
 
@@ -36,6 +39,9 @@ def quickstart(
     tps = task["tokens_per_s"]
     table = Table(title="eagle3 quickstart", show_header=False)
     table.add_row("target", res.model)
+    st = res.results["settings"]
+    table.add_row("tree (nodes, depth, top-k)", f"{st['total_tokens']}, {st['depth']}, {st['top_k']}"
+                  + (" (auto: the fastest measured here)" if st.get("tree_auto") else ""))
     table.add_row("tau (mean acceptance length)", f"{task['tau']:.2f}" if task["tau"] else "-")
     table.add_row("plain decoding", f"{tps['baseline']:.1f} tok/s" if tps.get("baseline") else "-")
     table.add_row("speculative decoding", f"{tps['speculative']:.1f} tok/s" if tps.get("speculative") else "-")
