@@ -150,7 +150,7 @@ def eval_options(tmp_path, **kw) -> EvalOptions:
 
 
 @pytest.mark.parametrize("kw, shape", [
-    ({"device": "cpu"}, (False, 12, 4, 4)),
+    ({"device": "cpu"}, (True, 60, 8, 10)),  # measured on a CPU: auto
     ({"device": "cuda:1"}, (False, 60, 8, 10)),
     ({"device": "cpu", "tree": "auto"}, (True, 60, 8, 10)),
     ({"device": "cpu", "tree": "5,3"}, (False, 5, 3, 10)),
