@@ -20,10 +20,12 @@ from .layers import text_config
 class QuickstartOptions:
     out: Path = Path("eagle3-quickstart")
     model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
-    samples: int = 200  # training conversations
-    steps: int = 120  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
+    # The draft is data-bound (docs/scaling.png), so the budget goes to conversations: 300 and 160
+    # steps took 14 min on 2 shared cores (gen-data 6.3, train 4.6, eval 3.2; docs/benchmarks.md).
+    samples: int = 300  # training conversations
+    steps: int = 160  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
     # The target answers the prompts itself (the draft must learn the target's text, not the
-    # dataset's): with continuous batching about 4-5 minutes for 200 conversations on 2 cores.
+    # dataset's): continuous batching in bf16 where the CPU has AMX (gen-data --regen-dtype auto).
     regenerate: bool = True
     max_new_tokens: int = 128  # longest regenerated answer
     max_length: int = 384  # prompt + answers per conversation (a longer first prompt is not answered)

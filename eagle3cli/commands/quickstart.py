@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..quickstart import QuickstartOptions
 from .common import console, report_console
 
 
@@ -14,12 +15,12 @@ def quickstart(
     out: Path = typer.Option(Path("eagle3-quickstart"), "--out", "-o", help="Working folder (rerun to resume)."),
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
-    samples: int = typer.Option(200, "--samples", help="Training conversations (ShareGPT)."),
-    steps: int = typer.Option(120, "--steps", help="Training steps (1024 tokens each, 3 TTT steps)."),
+    samples: int = typer.Option(QuickstartOptions.samples, "--samples", help="Training conversations (ShareGPT)."),
+    steps: int = typer.Option(QuickstartOptions.steps, "--steps", help="Training steps (1024 tokens each, 3 TTT steps)."),
     regenerate: bool = typer.Option(True, "--regenerate/--no-regenerate",
                                     help="Have the target answer the prompts (--no-regenerate: train "
                                          "on ShareGPT's own answers, faster, weaker draft)."),
-    eval_prompts: int = typer.Option(4, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
+    eval_prompts: int = typer.Option(QuickstartOptions.eval_prompts, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
     base_model: Optional[str] = typer.Option(None, "--base-model",
                                              help="The target's Hub id for the card and serving commands "
@@ -28,7 +29,7 @@ def quickstart(
     """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
     from rich.table import Table
 
-    from ..quickstart import QuickstartOptions, run
+    from ..quickstart import run
 
     opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
                              eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
