@@ -81,19 +81,21 @@ def is_hub_id(name: str | None) -> bool:
 
 def resolve_target(config: dict, base_model: str | None = None) -> str:
     """The target's Hub id: --base-model, else what training recorded (if it is a Hub id)."""
+    target = (config.get(METADATA_KEY) or {}).get("target")
+    if not target and not base_model:
+        raise PushError("the draft's config.json records no target model; pass --base-model OWNER/NAME")
+    return hub_id_of(target, base_model)
+
+
+def hub_id_of(target: str | None, base_model: str | None = None,
+              local: str = "the draft was trained on the local folder") -> str:
+    """The Hub id of ``target``: ``base_model`` when given (checked), ``target`` if it is a Hub id,
+    else the Hub id a known local conversion came from; a local folder of unknown origin is an
+    error saying what to pass (``local`` words its start)."""
     if base_model:
         if not HUB_ID.match(base_model):
             raise PushError(f"--base-model {base_model!r} is not a Hub id (OWNER/NAME)")
         return base_model
-    target = (config.get(METADATA_KEY) or {}).get("target")
-    if not target:
-        raise PushError("the draft's config.json records no target model; pass --base-model OWNER/NAME")
-    return hub_id_of(target)
-
-
-def hub_id_of(target: str, local: str = "the draft was trained on the local folder") -> str:
-    """``target`` if it is a Hub id, else the Hub id a known local conversion came from; a local
-    folder of unknown origin is an error saying what to pass (``local`` words its start)."""
     if is_hub_id(target):
         return target
     known = _converted_hub_id(target)

@@ -145,13 +145,9 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
 def _base_model(opts: QuickstartOptions, model: str) -> str:
     """The target's Hub id the card will name, settled before any work: a local --model folder of
     unknown origin needs --base-model, and finding that out after training would waste the run."""
-    from .push import HUB_ID, PushError, hub_id_of
+    from .push import hub_id_of
 
-    if opts.base_model:
-        if not HUB_ID.match(opts.base_model):
-            raise PushError(f"--base-model {opts.base_model!r} is not a Hub id (OWNER/NAME)")
-        return opts.base_model
-    return hub_id_of(model, local="--model is the local folder")
+    return hub_id_of(model, opts.base_model, local="--model is the local folder")
 
 
 def _export(opts: QuickstartOptions, base_model: str, draft: Path, log) -> Path:
