@@ -86,7 +86,7 @@ def setup(args, draft_dtype: str = "float32"):
     s = SpecSettings(mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
                      max_new_tokens=args.max_new_tokens)
     fast, note = build_fast_target(target, EvalConfig(tasks=[], mode=args.mode, fast=getattr(args, "fast", "auto")),
-                                   s, getattr(target.config, "max_position_embeddings", None))
+                                   getattr(target.config, "max_position_embeddings", None))
     pack_for_run(fast, s)
     return target, tok, draft, s, fast, note
 

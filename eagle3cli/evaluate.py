@@ -343,12 +343,12 @@ def first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[object | None, str | None]:
+def build_fast_target(target, cfg: EvalConfig, max_pos) -> tuple[object | None, str | None]:
     """(FastTarget or None, why not) for this run: --fast auto uses it where it applies.
 
     Greedy only: the fast path's plain baseline is greedy decoding, and sampling compares
-    against HF generate's sampler. On a CPU in fp32 its matmuls are packed for the one
-    verification size of these settings (root + drafted nodes).
+    against HF generate's sampler. Built unpacked: ``pack_for_run`` packs it for the run's
+    sizes once they are known (with --tree auto, after the tree is chosen).
     """
     from .fast_target import FastTarget
 
@@ -362,7 +362,7 @@ def build_fast_target(target, cfg: EvalConfig, settings, max_pos) -> tuple[objec
             raise EvalError(f"--fast on: the fast path does not apply here: {reason}")
         return None, f"fast path not used: {reason}"
     max_len = min(max_pos or 8192, 8192)
-    return FastTarget(target, max_len, packed_rows=verification_rows(settings)), None
+    return FastTarget(target, max_len), None
 
 
 def pack_for_run(fast, settings, log=print) -> dict | None:
@@ -442,7 +442,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if not any(ps for _, ps in loaded):
         raise EvalError("no prompts to evaluate")
 
-    fast, path_note = build_fast_target(target, cfg, settings, max_pos)
+    fast, path_note = build_fast_target(target, cfg, max_pos)
     log(f"verification path: {'fast (fast_target: static cache, packed matmuls)' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
     tree_auto = cfg.tree_auto and cfg.mode == "tree"

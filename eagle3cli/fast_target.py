@@ -269,7 +269,8 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     left holding garbage past position 0, which the next prefill overwrites.
     """
     options = [(), (rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
-    if rows < 2 or not fast.decoder.packable() or fast.max_len < prefix + rows:
+    prefix = min(prefix, fast.max_len - rows)  # a short context is timed behind a shorter prefix
+    if rows < 2 or not fast.decoder.packable() or prefix < 1:
         return None
     dev = fast.embed.device
     ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)
