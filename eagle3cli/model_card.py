@@ -214,6 +214,9 @@ def training_rows(meta: dict) -> list[tuple[str, str]]:
     add("Vocabulary coverage of training tokens", "vocab_coverage",
         lambda x: f"{100 * x:.2f}%" if isinstance(x, (int, float)) else str(x))
     add("Target features", "mode", lambda x: {"offline": "offline (precomputed)", "online": "online"}.get(x, x))
+    add("Loss scored on", "loss_on", lambda x: {"answers": "the assistant's tokens",
+                                                "all": "every token (prompts too)"}.get(x, x))
+    add("Training compute", "mixed_precision", lambda x: {"bf16": "bf16 autocast", "no": "fp32"}.get(x, x))
     metrics = meta.get("metrics") or {}
     where = " (held-out)" if metrics.get("split") == "held-out" else ""
     if metrics.get("acc"):

@@ -34,6 +34,9 @@ class QuickstartOptions:
     # lr 3e-3 reaches a higher held-out acceptance than TTT 7 with lr 1e-3, in half the CPU time.
     ttt_steps: int = 3
     max_tokens: int = 1024  # training tokens per optimizer step
+    # Every position scored (train --loss-on all): the teacher is the target's own distribution at a
+    # prompt position too, and a data-bound draft gains from the extra positions (docs/benchmarks.md).
+    loss_on: str = "all"
     lr: float = 3e-3  # a short run wants a larger step than the recipes' 1e-4
     eval_prompts: int = 4  # mt_bench prompts (both turns)
     eval_tokens: int = 64
@@ -102,7 +105,7 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
     flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
                  draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
                  max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume, val_fraction=0.05,
-                 eval_ttt_steps=7)
+                 eval_ttt_steps=7, loss_on=opts.loss_on)
     cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
     train(cfg, recipe)
     return out

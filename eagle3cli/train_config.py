@@ -37,6 +37,8 @@ META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
                   "val_fraction")
+MIXED_PRECISION = ("auto", "bf16", "no")
+LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
@@ -66,6 +68,10 @@ class TrainConfig(TargetOptions):
                                      "instead of random weights; its layers must match the store's.")
     init_vocab: str = _f("keep", "With --init-from: 'keep' its vocabulary (d2t, t2d, lm_head as they are) or "
                                  "'new' (built from this store; lm_head rows of shared tokens copied).")
+    loss_on: str = _f("answers", "Positions the loss scores: answers (the store's loss mask, the assistant's "
+                                 "tokens) or all (every token: the teacher is the target's own distribution "
+                                 "wherever it stands, so prompt positions teach the same function). Held-out "
+                                 "metrics always score answers.")
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
@@ -100,6 +106,9 @@ class TrainConfig(TargetOptions):
     grad_accum: int = _f(1, "Micro-batches per optimizer step.")
     epochs: int = _f(3, "Passes over the training split.")
     max_steps: int = _f(0, "Stop after this many optimizer steps (0: no limit; the schedule spans it).")
+    mixed_precision: str = _f("auto", "bf16: compute under bf16 autocast (fp32 master weights and teacher); no: "
+                                      "fp32. auto: bf16 on a GPU, fp32 on a CPU (bf16 there: 1.14x the tokens/s "
+                                      "with AMX-BF16, but more resident memory: docs/benchmarks.md).")
     max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
     seed: int = _f(0, "Seed for initialisation, split and batch order.")
     val_fraction: float = _f(0.02, "Share of conversations held out and evaluated each epoch.")
@@ -132,6 +141,11 @@ class TrainConfig(TargetOptions):
                 raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.val_fraction < 1:
             raise TrainError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise TrainError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, got "
+                             f"{self.mixed_precision!r}")
+        if self.loss_on not in LOSS_ON:
+            raise TrainError(f"--loss-on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
         if (self.load_in_8bit or self.load_in_4bit) and not self.online:
             raise TrainError("--load-in-8bit/--load-in-4bit only apply to --online training "
                              "(offline training uses the stored features)")

@@ -133,14 +133,29 @@ class TargetHead(nn.Module):
 
 # ---- the target's parts and the draft ---------------------------------------------------------
 
+def mixed_precision(name: str, cpu: bool) -> str:
+    """--mixed-precision resolved: auto is bf16 on a GPU and fp32 on a CPU. On a CPU with AMX-BF16,
+    bf16 trains 1.14x faster per token for the same loss per step, but oneDNN's bf16 kernels keep
+    resident memory growing through a run (SmolLM2: 2.9 GB fp32 peak against 7.9 GB over 722 steps,
+    docs/benchmarks.md), so it is asked for, not assumed."""
+    if name != "auto":
+        return name
+    return "no" if cpu else "bf16"
+
+
 def accelerator(cfg: TrainConfig, trackers: list[str]):
-    """The accelerate Accelerator for this run: CPU (fp32) or GPU (bf16 autocast), DDP under launch."""
+    """The accelerate Accelerator for this run, CPU or GPU, under --mixed-precision; DDP under launch."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     cpu = (cfg.device or "").startswith("cpu") or not torch.cuda.is_available()
     if not cpu and (cfg.device or "").startswith("cuda:") and "LOCAL_RANK" not in os.environ:
         torch.cuda.set_device(cfg.device)  # a single-process run on the GPU asked for
-    acc = Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16", log_with=trackers or None,
+    # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with another
+    # precision; a new run here (a library caller's second train()) starts its own. The process
+    # state (devices, process group) is kept.
+    AcceleratorState._reset_state()
+    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), log_with=trackers or None,
                       project_dir=cfg.out)
     check_fsdp(acc, cfg.online, cfg.load_in_8bit or cfg.load_in_4bit)  # FSDP shards the target, never the draft
     return acc
@@ -306,6 +321,19 @@ def use_recompute(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
     return large_step(cfg, dcfg)
 
 
+def setup_line(vocab, layer_ids, recompute: bool, precision: str) -> str:
+    return (f"draft vocab: {vocab.size} tokens covering {vocab.coverage:.2%} of the masked training tokens; layers "
+            f"{layer_ids}; TTT steps {'recomputed in the backward' if recompute else 'kept for the backward'}; "
+            f"{'bf16 autocast' if precision == 'bf16' else 'fp32'} compute")
+
+
+def scored_positions(batch: dict, loss_on: str, held_out: bool) -> torch.Tensor:
+    """The positions a micro-batch's loss scores: the answers (the store's loss mask), or with
+    --loss-on all every real token. The held-out split always scores the answers, so that its
+    metrics compare between the two."""
+    return batch["attention_mask" if loss_on == "all" and not held_out else "loss_mask"].bool()
+
+
 # ---- the run -----------------------------------------------------------------------------------
 
 @dataclass
@@ -383,9 +411,7 @@ class Trainer:
         self.recompute = use_recompute(cfg, self.draft.config)
         fix_host_memory(cfg, self.draft.config, self.acc.device, self._say)
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
-        self._say(f"draft vocab: {self.vocab.size} tokens covering {self.vocab.coverage:.2%} of the masked "
-                  f"training tokens; layers {self.layer_ids}; TTT steps "
-                  f"{'recomputed in the backward' if self.recompute else 'kept for the backward'}")
+        self._say(setup_line(self.vocab, self.layer_ids, self.recompute, self.acc.mixed_precision))
         self._plan()
 
     def _plan(self):
@@ -414,15 +440,15 @@ class Trainer:
         return rank_groups(batches, self.acc.num_processes, self.acc.process_index, self.cfg.grad_accum)
 
     # -- one micro-batch --
-    def _inputs(self, idx: list[int]):
+    def _inputs(self, idx: list[int], held_out: bool = False):
         batch = collate(self.store, idx, self.crop, features=not self.cfg.online)
         dev = self.acc.device
-        ids, mask = batch["input_ids"].to(dev), batch["loss_mask"].to(dev)
+        ids, mask = batch["input_ids"].to(dev), scored_positions(batch, self.cfg.loss_on, held_out).to(dev)
         if self.cfg.online:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
-        teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask))
+        teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask), full_argmax=held_out)
         return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
 
     def eval_steps(self) -> int:
@@ -438,7 +464,7 @@ class Trainer:
         meter = Meter(self.eval_steps(), self.acc.device)
         batches = make_batches(self.val_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, 0)
         for idx, counted in padded(batches, self.acc.process_index, self.acc.num_processes, self.sharded):
-            args, tokens = self._inputs(idx)  # (a sharded target's forward needs every rank, counted or not)
+            args, tokens = self._inputs(idx, held_out=True)  # (a sharded target's forward needs every rank)
             if counted:
                 with self.acc.autocast():
                     meter.add(model(*args), tokens)
@@ -529,7 +555,7 @@ class Trainer:
         rate = tokens / max(1e-9, time.time() - self.t0)
         rec = {"step": self.step, "epoch": epoch, "lr": self.scheduler.get_last_lr()[0],
                "loss": decayed_loss(stats["loss"], self.cfg.step_decay), "acc": stats["acc"],
-               "tokens_per_s": rate, "tokens": int(tokens),
+               "tokens_per_s": rate, "tokens": int(tokens), "positions": stats["positions"],
                # CPU seconds of this process: a speed measure that other jobs on a
                # shared machine do not distort (benchmarks/train_throughput.py).
                "cpu_s": time.process_time() - self.c0}
@@ -576,8 +602,8 @@ class Trainer:
             "draft_vocab_size": self.vocab.size, "vocab_coverage": round(self.vocab.coverage, 6),
             "recipe": self.recipe, "eagle3_version": __version__, "metrics": metrics,
             "datasets": datasets, "created": date.today().isoformat(),
-            "mode": "online" if cfg.online else "offline",
-        }
+            "mode": "online" if cfg.online else "offline", "mixed_precision": self.acc.mixed_precision,
+            "loss_on": cfg.loss_on}
 
     def _finish(self, draft) -> dict:
         """Export the draft with its metadata, check it with inspect, write the summary."""

@@ -426,3 +426,50 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
     t = Trainer(config(store, target_dir, tmp_path / "large"), quiet=True)
     t.setup()
     assert calls == [()] and t.recompute is True
+
+
+# ---- mixed precision -------------------------------------------------------------------------
+
+def test_mixed_precision_auto_is_bf16_on_a_gpu_and_fp32_on_a_cpu():
+    from eagle3cli.trainer import mixed_precision
+
+    assert mixed_precision("auto", cpu=True) == "no" and mixed_precision("auto", cpu=False) == "bf16"
+    assert mixed_precision("no", cpu=False) == "no" and mixed_precision("bf16", cpu=True) == "bf16"
+    with pytest.raises(TrainError, match="--mixed-precision must be one of auto, bf16, no, got 'fp16'"):
+        TrainConfig(data="x", mixed_precision="fp16").validate()
+
+
+def test_bf16_autocast_on_the_cpu_learns_as_fp32_does_and_is_recorded(store, target_dir, tmp_path):
+    """--mixed-precision bf16 on a CPU: the matmuls run in bf16 (the weights end up different from
+    the fp32 run's), the master weights stay fp32, the loss falls as fast, the draft says how it
+    was trained."""
+    runs = {mp: train(config(store, target_dir, tmp_path / mp, epochs=4, mixed_precision=mp), quiet=True)
+            for mp in ("bf16", "no")}
+    bf, fp = runs["bf16"], runs["no"]
+    lb, lf = ([h["loss"] for h in r.history if "acc" in h] for r in (bf, fp))
+    assert len(lb) == len(lf) == bf.step >= 8
+    assert sum(lb[-3:]) / 3 < 0.9 * sum(lb[:3]) / 3, lb
+    assert all(abs(a - b) <= 0.05 * b for a, b in zip(lb, lf)), (lb, lf)
+    assert all(p.dtype == torch.float32 for p in bf.draft.parameters() if p.requires_grad)
+    a, b = weights(bf.draft), weights(fp.draft)
+    assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())
+    assert read_config(tmp_path / "bf16")[METADATA_KEY]["mixed_precision"] == "bf16"
+    assert read_config(tmp_path / "no")[METADATA_KEY]["mixed_precision"] == "no"
+
+
+def test_loss_on_all_scores_prompt_positions_and_keeps_held_out_on_answers(store, target_dir, tmp_path):
+    """--loss-on all: the training loss reads every real position (more than the answers), the
+    held-out metrics still read the answers only (the same positions as an answers run), and the
+    draft records it."""
+    runs = {on: train(config(store, target_dir, tmp_path / on, epochs=2, loss_on=on), quiet=True)
+            for on in ("answers", "all")}
+    logged = {on: [h for h in r.history if "acc" in h] for on, r in runs.items()}
+    assert len(logged["all"]) == len(logged["answers"]) >= 2
+    for a, b in zip(logged["all"], logged["answers"]):
+        assert a["tokens"] == b["tokens"] and a["positions"] > b["positions"]
+    val = {on: [h["val"] for h in r.history if "val" in h][-1] for on, r in runs.items()}
+    assert val["all"]["positions"] == val["answers"]["positions"] > 0
+    assert val["all"]["acc"] != val["answers"]["acc"]  # a different draft, measured on the same positions
+    assert read_config(tmp_path / "all")[METADATA_KEY]["loss_on"] == "all"
+    with pytest.raises(TrainError, match="--loss-on must be one of answers, all, got 'prompts'"):
+        TrainConfig(data="x", loss_on="prompts").validate()

@@ -138,6 +138,24 @@ def test_teacher_chunks_restrict_and_mark_misses():
     assert torch.equal(part.index[used], expect[used]) and bool((part.index[~used] == -1).all())
 
 
+def test_teacher_over_the_draft_vocab_only_has_the_same_probabilities_and_its_own_argmax():
+    """full_argmax=False (the trainer's training steps): the draft vocabulary's head rows alone give
+    the same probabilities; the argmax is taken among them, so a choice outside is not a miss."""
+    target = tiny_model("llama")
+    vocab_ids = torch.arange(0, 256, 3)
+    final = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1))
+    used = torch.rand(2, 7, generator=torch.Generator().manual_seed(0)) > 0.4
+    full = teacher_from_final(target, final, vocab_ids, used)
+    sub = teacher_from_final(target, final, vocab_ids, used, max_elements=86 * 2, full_argmax=False)
+    torch.testing.assert_close(sub.probs, full.probs)
+    assert torch.equal(sub.slot, full.slot)
+    inside = target.lm_head(final).float()[..., vocab_ids].argmax(-1)
+    assert torch.equal(sub.index[used], inside[used]) and bool((sub.index[~used] == -1).all())
+    hit = full.index[used] >= 0  # where the target's own choice is in the draft vocab, the two agree
+    assert bool(hit.any()) and bool((~hit).any())
+    assert torch.equal(sub.index[used][hit], full.index[used][hit])
+
+
 def test_unroll_on_the_used_teacher_rows_equals_the_full_teacher():
     """The trainer computes the teacher only where the loss reads it (teacher_rows): the same loss,
     statistics and gradients as a teacher of every position; a missing row is an error."""
