@@ -21,7 +21,7 @@ class QuickstartOptions:
     out: Path = Path("eagle3-quickstart")
     model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
     # The draft is data-bound (docs/scaling.png), so the budget goes to conversations: 300 and 160
-    # steps took 14 min on 2 shared cores (gen-data 6.3, train 4.6, eval 3.2; docs/benchmarks.md).
+    # steps took 15.5 min on 2 cores (gen-data 6.8, train 6.0, eval 2.7; docs/benchmarks.md).
     samples: int = 300  # training conversations
     steps: int = 160  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
     # The target answers the prompts itself (the draft must learn the target's text, not the
