@@ -216,6 +216,13 @@ def training_rows(meta: dict) -> list[tuple[str, str]]:
     add("Target features", "mode", lambda x: {"offline": "offline (precomputed)", "online": "online"}.get(x, x))
     add("Loss scored on", "loss_on", lambda x: {"answers": "the assistant's tokens",
                                                 "all": "every token (prompts too)"}.get(x, x))
+    if meta.get("accept_loss"):
+        rows.append(("Loss", f"{1 - meta['accept_loss']:g} soft cross-entropy + {meta['accept_loss']:g} acceptance "
+                             "(-log sum min(p, q))"))
+    if meta.get("feature_noise"):
+        rows.append(("Feature noise", f"{meta['feature_noise']:g} x each stream's RMS"))
+    if meta.get("ttt_warmup"):
+        rows.append(("TTT curriculum", f"one step for the first {meta['ttt_warmup']} optimizer steps"))
     add("Training compute", "mixed_precision", lambda x: {"bf16": "bf16 autocast", "no": "fp32"}.get(x, x))
     metrics = meta.get("metrics") or {}
     where = " (held-out)" if metrics.get("split") == "held-out" else ""

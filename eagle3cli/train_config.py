@@ -36,7 +36,7 @@ FAMILIES = {
 META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
-                  "val_fraction")
+                  "val_fraction", "feature_noise", "accept_loss")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints")
@@ -91,11 +91,19 @@ class TrainConfig(TargetOptions):
     # --- training-time test ---
     ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
+    ttt_warmup: int = _f(0, "Optimizer steps trained with one TTT step before the full unroll (a curriculum: "
+                            "step 0 is learned first).")
     eval_ttt_steps: int = _f(0, "Steps unrolled for the held-out evaluation (0: --ttt-steps), e.g. 7 to "
                                 "measure a --ttt-steps 1 draft on the 7-step scale.")
     recompute: bool | None = _f(None, "Recompute each TTT step's layer in the backward instead of keeping its "
                                       "activations: same values, less memory, more compute. Default: auto (on "
                                       "when the kept activations would exceed 1 GB, docs/benchmarks.md).")
+    # --- loss and regularisation ---
+    accept_loss: float = _f(0.0, "Share w of the acceptance loss: train on (1 - w) soft cross-entropy + w (-log "
+                                 "sum_v min(p_v, q_v)), the chance speculative sampling accepts a drafted token "
+                                 "(LK losses, arXiv 2602.23881). 0: soft cross-entropy alone.")
+    feature_noise: float = _f(0.0, "Gaussian noise added to the target's streams in training steps, as a share of "
+                                   "each stream's RMS at that position (0: none).")
     # --- optimisation ---
     lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
@@ -144,6 +152,13 @@ class TrainConfig(TargetOptions):
         if self.mixed_precision not in MIXED_PRECISION:
             raise TrainError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, got "
                              f"{self.mixed_precision!r}")
+        if not 0 <= self.accept_loss <= 1:
+            raise TrainError(f"--accept-loss must lie in [0, 1] (a share of the loss), got {self.accept_loss:g}")
+        if self.feature_noise < 0:
+            raise TrainError(f"--feature-noise must be 0 or more (a share of each stream's RMS), got "
+                             f"{self.feature_noise:g}")
+        if self.ttt_warmup < 0:
+            raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
         if self.loss_on not in LOSS_ON:
             raise TrainError(f"--loss-on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
         if (self.load_in_8bit or self.load_in_4bit) and not self.online:

@@ -448,6 +448,8 @@ class Trainer:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
+        if self.cfg.feature_noise and not held_out:
+            aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids))
         teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask), full_argmax=held_out)
         return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
 
@@ -474,7 +476,8 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> TrainResult:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc = self.cfg, self.acc
-        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute)
+        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute,
+                       accept_weight=cfg.accept_loss)
         self.params = [p for p in ttt.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -526,6 +529,9 @@ class Trainer:
     def _optimizer_step(self, group: list[list[int]]) -> bool:
         """Accumulate the group's micro-batches and step; False (no update) if a loss is not finite."""
         acc, model = self.acc, self.model
+        # TTT curriculum: one step for the first --ttt-warmup optimizer steps (from self.step,
+        # which a resume restores, so a resumed run unrolls as the uninterrupted one).
+        acc.unwrap_model(model).active = 1 if self.step < self.cfg.ttt_warmup else None
         bad = torch.zeros((), device=acc.device)
         for mi, idx in enumerate(group):
             args, tokens = self._inputs(idx)
@@ -603,7 +609,8 @@ class Trainer:
             "recipe": self.recipe, "eagle3_version": __version__, "metrics": metrics,
             "datasets": datasets, "created": date.today().isoformat(),
             "mode": "online" if cfg.online else "offline", "mixed_precision": self.acc.mixed_precision,
-            "loss_on": cfg.loss_on}
+            "loss_on": cfg.loss_on, "accept_loss": cfg.accept_loss, "feature_noise": cfg.feature_noise,
+            "ttt_warmup": cfg.ttt_warmup}
 
     def _finish(self, draft) -> dict:
         """Export the draft with its metadata, check it with inspect, write the summary."""
@@ -620,6 +627,15 @@ class Trainer:
                 self.console.print(summary_table(metrics, self.step, self.out))
         self.acc.wait_for_everyone()
         return metrics
+
+
+def with_noise(aux: torch.Tensor, scale: float, streams: int) -> torch.Tensor:
+    """aux [B,T,k*H] plus Gaussian noise of ``scale`` x each stream's RMS at each position: the
+    draft learns features that are near the target's rather than exactly them (its own outputs,
+    fed back at inference, never are). Drawn from torch's global generator, which checkpoints keep."""
+    parts = aux.float().unflatten(-1, (streams, -1))
+    rms = parts.pow(2).mean(-1, keepdim=True).sqrt()
+    return (parts + torch.randn_like(parts) * rms * scale).flatten(-2).to(aux.dtype)
 
 
 def train(cfg: TrainConfig, recipe: str | None = None, console=None, quiet: bool = False,

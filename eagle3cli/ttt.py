@@ -255,7 +255,8 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, probs, prow, row_weight, want_grad: bool, max_elements: int):
+    def forward(ctx, h, weight, probs, prow, row_weight, want_grad: bool, max_elements: int,
+                accept_weight: float = 0.0):
         n, vocab = h.shape[0], weight.shape[0]
         chunk = max(1, max_elements // max(1, vocab))
         need_h, need_w = want_grad and ctx.needs_input_grad[0], want_grad and ctx.needs_input_grad[1]
@@ -271,7 +272,11 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
             row_loss[i:i + chunk] = lse - torch.linalg.vecdot(p, z)
             pred[i:i + chunk] = z.argmax(-1)
             if need_h or need_w:
-                g = z.sub_(lse[:, None]).exp_().sub_(p)  # softmax(z) - p, in z's storage
+                q = z.sub_(lse[:, None]).exp_()  # softmax(z), in z's storage
+                if accept_weight:
+                    g = acceptance_mix(q, p, accept_weight)
+                else:
+                    g = q.sub_(p)  # d softCE / dz
                 g.mul_(row_weight[i:i + chunk, None].to(g.dtype))
                 if need_h:
                     grad_h[i:i + chunk] = torch.matmul(g, weight.to(g.dtype)).to(h.dtype)
@@ -287,7 +292,22 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * grad).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
+
+
+def acceptance_mix(q: torch.Tensor, p: torch.Tensor, weight: float) -> torch.Tensor:
+    """d/dz of (1 - w) softCE(p, z) + w (-log alpha), alpha = sum_v min(p_v, q_v), q = softmax(z).
+
+    alpha is the chance that speculative sampling accepts a token drawn from q when the target
+    samples from p (the acceptance-rate objective of LK losses, arXiv 2602.23881); soft
+    cross-entropy only reaches it through q -> p. With m_v = [q_v < p_v] (min's subgradient),
+    d alpha / dz_j = q_j m_j - q_j <q, m>. Returns a new [rows, V] tensor (``q`` is reused).
+    """
+    m = (q < p).to(q.dtype)
+    qm = q * m
+    alpha = torch.minimum(q, p).sum(-1, keepdim=True).clamp_min(1e-6)
+    d_accept = (qm - q * qm.sum(-1, keepdim=True)).div_(alpha).neg_()  # d(-log alpha)/dz
+    return q.sub_(p).mul_(1.0 - weight).add_(d_accept, alpha=weight)
 
 
 class HeadLoss(NamedTuple):
@@ -297,12 +317,18 @@ class HeadLoss(NamedTuple):
 
 
 def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, prow: torch.Tensor,
-                            row_weight: torch.Tensor | None = None, max_elements: int = 1 << 24) -> HeadLoss:
-    """sum_r w_r softCE(h[r] @ W^T, probs[prow[r]]) (probs [N,V]; w = 1 if not given): see HeadSoftCrossEntropy."""
+                            row_weight: torch.Tensor | None = None, max_elements: int = 1 << 24,
+                            accept_weight: float = 0.0) -> HeadLoss:
+    """sum_r w_r softCE(h[r] @ W^T, probs[prow[r]]) (probs [N,V]; w = 1 if not given): see HeadSoftCrossEntropy.
+
+    ``accept_weight`` w > 0 trains on (1 - w) softCE + w (-log acceptance) instead (acceptance_mix);
+    the returned loss and row losses stay the soft cross-entropy, so runs remain comparable.
+    """
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if row_weight is None:
         row_weight = torch.ones(h.shape[0], dtype=torch.float32, device=h.device)
-    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, max_elements))
+    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, max_elements,
+                                                accept_weight))
 
 
 class TTTOutput(NamedTuple):
@@ -322,13 +348,17 @@ class TTTModel(nn.Module):
     """
 
     def __init__(self, draft, steps: int = 7, decay: float = 0.8, attention: Attention = ttt_attention,
-                 recompute: bool = True):
+                 recompute: bool = True, accept_weight: float = 0.0):
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
         self.attention = attention
         self.recompute = recompute  # checkpoint each step's layer (ttt_streams)
+        self.accept_weight = accept_weight  # head_soft_cross_entropy: share of the acceptance loss
+        # Steps actually unrolled (a TTT curriculum trains fewer first); the statistics keep
+        # ``steps`` entries, the ones not unrolled counted as zero positions.
+        self.active: int | None = None
 
     def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index, teacher_slot=None) -> TTTOutput:
         """Returns a TTTOutput (loss, step_loss [S], correct [S], counted [S]); the last three detached.
@@ -341,9 +371,10 @@ class TTTModel(nn.Module):
         a position whose target argmax lies outside the draft vocab as a miss.
         """
         # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
-        where = [shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True) for s in range(self.steps)]
+        steps = min(self.active or self.steps, self.steps)
+        where = [shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True) for s in range(steps)]
         counted = torch.tensor([r.numel() for r, _ in where], device=loss_mask.device)
-        step_of = torch.repeat_interleave(torch.arange(self.steps, device=loss_mask.device), counted)
+        step_of = torch.repeat_interleave(torch.arange(steps, device=loss_mask.device), counted)
         rows = torch.cat([r for r, _ in where])
         cols = torch.cat([c + 1 + s for s, (_, c) in enumerate(where)])  # the teacher's position
         if teacher_slot is None:
@@ -356,7 +387,7 @@ class TTTModel(nn.Module):
         # The head's input for the rows of every step, filled step by step in place (no list and
         # concatenation holding it twice); one fused head + loss call then covers all steps.
         h, start = None, 0
-        streams = ttt_streams(self.draft, input_ids, aux, self.steps, self.attention, self.recompute)
+        streams = ttt_streams(self.draft, input_ids, aux, steps, self.attention, self.recompute)
         for s, a in enumerate(streams):
             r, c = where[s]
             hs = self.draft.head_input(a[r, c])
@@ -364,13 +395,14 @@ class TTTModel(nn.Module):
                 h = hs.new_empty(rows.numel(), hs.shape[-1])
             h[start:start + r.numel()] = hs
             start += r.numel()
-        decay = torch.tensor([self.decay ** s for s in range(self.steps)], device=loss_mask.device)
+        decay = torch.tensor([self.decay ** s for s in range(steps)], device=loss_mask.device)
         row_weight = (decay / counted.clamp_min(1))[step_of]
         loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs, prow,
-                                                       row_weight)
+                                                       row_weight, accept_weight=self.accept_weight)
         step_loss = torch.zeros(self.steps, device=row_loss.device).index_add_(0, step_of, row_loss)
         hits = (pred == teacher_index[rows, cols]).long()
         correct = torch.zeros(self.steps, dtype=torch.long, device=pred.device).index_add_(0, step_of, hits)
+        counted = torch.cat([counted, counted.new_zeros(self.steps - steps)])
         return TTTOutput(loss, step_loss / counted.clamp_min(1), correct, counted)
 
 

@@ -32,6 +32,10 @@ def test_quickstart_tiny_model_picks_its_tree_by_measurement(smol_tiny_dir, tmp_
     assert task["lossless"] is True and task["num_prompts"] == 1
     assert (res.draft / "model.safetensors").exists() and (res.hub_folder / "README.md").exists()
     assert set(res.seconds) == {"model", "gen-data", "train", "eval", "export"}
+    # The default data path: the dataset's text as tokens only, the target run while training.
+    assert json.loads((out / "data" / "manifest.json").read_text())["features"] == "none"
+    trained = json.loads((res.draft / "config.json").read_text())["eagle3_training"]
+    assert (trained["mode"], trained["loss_on"], trained["accept_loss"]) == ("online", "all", 0.5)
     # A rerun finds every stage done: the same eval results, nothing retrained.
     mtime = (res.draft / "model.safetensors").stat().st_mtime_ns
     again = run(opts, log=lambda m: None)

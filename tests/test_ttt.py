@@ -300,3 +300,72 @@ def test_recomputed_steps_give_the_same_loss_and_grads():
     assert torch.equal(outs[0].correct, outs[1].correct) and torch.equal(outs[0].counted, outs[1].counted)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_acceptance_loss_gradients_match_autograd_of_its_definition():
+    """--accept-loss w: the fused head's gradients are those of (1 - w) softCE + w (-log alpha),
+    alpha = sum_v min(p_v, softmax(z)_v), by autograd of that formula; the returned loss stays the
+    soft cross-entropy (comparable across runs)."""
+    import torch.nn.functional as F
+
+    from eagle3cli.ttt import head_soft_cross_entropy
+
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(23, 16, generator=g, requires_grad=True)
+    w = torch.randn(40, 16, generator=g, requires_grad=True)
+    probs = torch.softmax(torch.randn(23, 40, generator=g) * 2, -1)
+    prow, rw = torch.arange(23), torch.rand(23, generator=g)
+    for weight in (0.0, 0.5, 1.0):
+        z = F.linear(h, w)
+        alpha = torch.minimum(torch.softmax(z, -1), probs).sum(-1)
+        ce = soft_cross_entropy(z, probs)
+        ref = ((1 - weight) * ce - weight * alpha.log()) @ rw
+        ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+        out = head_soft_cross_entropy(h, w, probs, prow, rw, max_elements=40 * 5, accept_weight=weight)
+        gh, gw = torch.autograd.grad(out.loss, (h, w))
+        torch.testing.assert_close(out.loss, (ce @ rw).detach())
+        torch.testing.assert_close(gh, ref_gh, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(gw, ref_gw, atol=1e-5, rtol=1e-4)
+    # The pure acceptance loss moves the draft towards higher acceptance: a few steps raise alpha.
+    z = torch.zeros(23, 40, requires_grad=True)
+    eye = torch.eye(40)
+    before = torch.minimum(torch.softmax(z, -1), probs).sum(-1).mean()
+    opt = torch.optim.SGD([z], lr=5.0)
+    for _ in range(20):
+        opt.zero_grad()
+        head_soft_cross_entropy(z, eye, probs, prow, accept_weight=1.0).loss.backward()
+        opt.step()
+    after = torch.minimum(torch.softmax(z, -1), probs).sum(-1).mean()
+    assert after > before + 0.1
+
+
+def test_curriculum_unrolls_fewer_steps_with_full_size_statistics():
+    """TTTModel.active = 1 (the --ttt-warmup curriculum) trains exactly as a one-step model (same
+    loss and gradients) while its statistics keep every step's slot, the later ones empty."""
+    draft = make_draft()
+    batch = random_batch(draft_vocab_ids=draft.d2t)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    full = TTTModel(draft, steps=4, decay=0.8)
+    full.active = 1
+    out = full(*batch)
+    one = TTTModel(draft, steps=1, decay=0.8)(*batch)
+    torch.testing.assert_close(out.loss, one.loss, atol=0, rtol=0)
+    for a, b in zip(torch.autograd.grad(out.loss, params), torch.autograd.grad(one.loss, params)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert out.counted.shape == (4,) and out.counted[0] == one.counted[0] and out.counted[1:].sum() == 0
+    assert out.correct[0] == one.correct[0] and out.correct[1:].sum() == 0
+    full.active = None
+    assert (full(*batch).counted[1:] > 0).all()
+
+
+def test_feature_noise_is_relative_to_each_stream():
+    """with_noise: scale x each stream's RMS per position (a quiet stream gets quiet noise); 0 adds none."""
+    from eagle3cli.trainer import with_noise
+
+    torch.manual_seed(0)
+    aux = torch.cat([torch.randn(2, 500, 8) * 0.01, torch.randn(2, 500, 8) * 100.0], dim=-1)
+    noisy = with_noise(aux, 0.5, streams=2)
+    noise = (noisy - aux).unflatten(-1, (2, 8))
+    ratio = noise.pow(2).mean((0, 1, 3)).sqrt() / aux.unflatten(-1, (2, 8)).pow(2).mean((0, 1, 3)).sqrt()
+    torch.testing.assert_close(ratio, torch.tensor([0.5, 0.5]), atol=0.03, rtol=0)
+    assert torch.equal(with_noise(aux, 0.0, streams=2), aux)

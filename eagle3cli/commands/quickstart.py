@@ -15,11 +15,13 @@ def quickstart(
     out: Path = typer.Option(Path("eagle3-quickstart"), "--out", "-o", help="Working folder (rerun to resume)."),
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
-    samples: int = typer.Option(QuickstartOptions.samples, "--samples", help="Training conversations (ShareGPT)."),
+    samples: Optional[int] = typer.Option(None, "--samples",
+                                          help="Training conversations (ShareGPT). (default: 600; 300 with --regenerate)"),
     steps: int = typer.Option(QuickstartOptions.steps, "--steps", help="Training steps (1024 tokens each, 3 TTT steps)."),
-    regenerate: bool = typer.Option(True, "--regenerate/--no-regenerate",
-                                    help="Have the target answer the prompts (--no-regenerate: train "
-                                         "on ShareGPT's own answers, faster, weaker draft)."),
+    regenerate: bool = typer.Option(QuickstartOptions.regenerate, "--regenerate/--no-regenerate",
+                                    help="Have the target answer the prompts first (slower data: on 2 CPU "
+                                         "cores the default, ShareGPT's own text with the target as teacher "
+                                         "online, gave the better draft for the time)."),
     eval_prompts: int = typer.Option(QuickstartOptions.eval_prompts, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
     base_model: Optional[str] = typer.Option(None, "--base-model",
