@@ -27,7 +27,7 @@ class QuickstartOptions:
     steps: int = 180  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
     # On 2 CPU cores the dataset's own text, trained online (the target's distribution is the
     # teacher at every position either way), gave a better draft per CPU-minute than having the
-    # target regenerate fewer answers first: chain-3 tau 1.29 against 1.22 for the same CPU time
+    # target regenerate fewer answers first: chain-3 tau 1.27 against 1.22 for about the same CPU time
     # (docs/benchmarks.md, "Session 10"). --regenerate restores the target's own answers.
     regenerate: bool = False
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)

@@ -440,7 +440,7 @@ class Trainer:
         return rank_groups(batches, self.acc.num_processes, self.acc.process_index, self.cfg.grad_accum)
 
     # -- one micro-batch --
-    def _inputs(self, idx: list[int], held_out: bool = False):
+    def _inputs(self, idx: list[int], held_out: bool = False, noise_seed: int | None = None):
         batch = collate(self.store, idx, self.crop, features=not self.cfg.online)
         dev = self.acc.device
         ids, mask = batch["input_ids"].to(dev), scored_positions(batch, self.cfg.loss_on, held_out).to(dev)
@@ -448,8 +448,8 @@ class Trainer:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
-        if self.cfg.feature_noise and not held_out:
-            aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids))
+        if self.cfg.feature_noise and noise_seed is not None:
+            aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids), noise_seed)
         teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask), full_argmax=held_out)
         return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
 
@@ -534,7 +534,10 @@ class Trainer:
         acc.unwrap_model(model).active = 1 if self.step < self.cfg.ttt_warmup else None
         bad = torch.zeros((), device=acc.device)
         for mi, idx in enumerate(group):
-            args, tokens = self._inputs(idx)
+            # Noise drawn from (seed, step, micro-batch, process): a resumed run draws what the
+            # uninterrupted one did, with no generator state to checkpoint.
+            seed = ((self.cfg.seed * 1_000_003 + self.step) * 1_009 + mi) * 257 + self.acc.process_index
+            args, tokens = self._inputs(idx, noise_seed=seed)
             with no_sync(acc, model, mi == len(group) - 1, self.sharded), acc.autocast():
                 out = model(*args)
                 del args  # the teacher [tokens x draft vocab] is only read by the forward (ttt.HeadSoftCrossEntropy)
@@ -629,13 +632,15 @@ class Trainer:
         return metrics
 
 
-def with_noise(aux: torch.Tensor, scale: float, streams: int) -> torch.Tensor:
+def with_noise(aux: torch.Tensor, scale: float, streams: int, seed: int = 0) -> torch.Tensor:
     """aux [B,T,k*H] plus Gaussian noise of ``scale`` x each stream's RMS at each position: the
     draft learns features that are near the target's rather than exactly them (its own outputs,
-    fed back at inference, never are). Drawn from torch's global generator, which checkpoints keep."""
+    fed back at inference, never are). Drawn on the CPU from ``seed`` (the same on any device)."""
     parts = aux.float().unflatten(-1, (streams, -1))
     rms = parts.pow(2).mean(-1, keepdim=True).sqrt()
-    return (parts + torch.randn_like(parts) * rms * scale).flatten(-2).to(aux.dtype)
+    gen = torch.Generator().manual_seed(seed % (1 << 63))
+    noise = torch.randn(parts.shape, generator=gen).to(parts.device)
+    return (parts + noise * rms * scale).flatten(-2).to(aux.dtype)
 
 
 def train(cfg: TrainConfig, recipe: str | None = None, console=None, quiet: bool = False,

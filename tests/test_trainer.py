@@ -189,9 +189,13 @@ def test_log_file_gets_one_line_per_log_point(store, target_dir, tmp_path):
     assert [float(c) for _, _, c in lines] == [round(h["loss"], 3) for h in logged]
 
 
-def test_resume_is_bit_identical(store, target_dir, tmp_path):
-    full = train(config(store, target_dir, tmp_path / "full", save_every=3, val_fraction=0.0), quiet=True)
-    cut = config(store, target_dir, tmp_path / "cut", save_every=3, val_fraction=0.0)
+@pytest.mark.parametrize("extra", [{}, {"feature_noise": 0.3, "ttt_warmup": 4, "accept_loss": 0.5}],
+                         ids=["plain", "noise-curriculum-acceptance"])
+def test_resume_is_bit_identical(store, target_dir, tmp_path, extra):
+    """Also with the settings that draw noise (the generator state must travel in the checkpoint)
+    and that change the unroll by step (the curriculum crosses the interruption at step 4)."""
+    full = train(config(store, target_dir, tmp_path / "full", save_every=3, val_fraction=0.0, **extra), quiet=True)
+    cut = config(store, target_dir, tmp_path / "cut", save_every=3, val_fraction=0.0, **extra)
     part = train(cut, quiet=True, stop_after=5)  # the work of steps 4-5 is lost, like a crash
     assert part.stopped and [p.name for p in checkpoint_dirs(tmp_path / "cut")] == ["step-00000003"]
     resumed = train(replace(cut, resume=True), quiet=True)
