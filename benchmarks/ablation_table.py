@@ -24,6 +24,8 @@ def row(root: Path, name: str) -> str:
     chain_file = root / f"{name}.chain.json"
     c = json.loads(chain_file.read_text()) if chain_file.exists() else {}
     tau = f"{c['tau']:.3f}" if c.get("tau") else "-"
+    if c.get("partial"):
+        tau += f" (partial: {c['answers']} answers)"
     per_pos = " ".join(f"{a:.3f}" for a in c.get("acceptance_per_pos", []))
     return (f"| {name} | {cpu_min:.1f} | {' '.join(f'{a:.3f}' for a in s['acc'])} | {s['tau_sim']:.3f} | "
             f"{tau} ({per_pos}) |")

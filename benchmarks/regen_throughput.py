@@ -16,7 +16,7 @@ what generation would cost if every step were full and prefills were free. ``--s
 and ``--skip-static`` run one side.
 
 ``--regen-dtype`` is gen-data's: auto computes an fp32 target's regeneration in bfloat16 on a CPU
-with AMX-BF16. ``--agreement N`` measures how faithful such answers are to the target at its
+with native bf16 matmuls (AVX512-BF16 or AMX). ``--agreement N`` measures how faithful such answers are to the target at its
 own dtype: teacher-forced on the first N first-turn answers, how often its greedy token is the
 regenerated one (answers regenerated at the target's own dtype give about 1.0).
 """

@@ -137,7 +137,7 @@ class GenDataOptions(TargetOptions):
     temperature: float = option(0.0, "0 = greedy.")
     top_p: float = option(1.0, "Nucleus sampling (with --temperature > 0).")
     regen_dtype: str = option("auto", "auto|bfloat16|float16|float32: what local regeneration computes in (auto: "
-                                      "bfloat16 for an fp32 target on a CPU with AMX-BF16, 1.3x faster there; else "
+                                      "bfloat16 for an fp32 target on a CPU with AVX512-BF16 or AMX, 1.3-1.8x faster there; else "
                                       "--dtype's). Features are captured at --dtype.")
     system: str | None = option(None, "Set this system prompt on every conversation (\"\" removes them).")
     chat_template: str | None = option(None, "Jinja chat template file, for tokenizers without one (or to "

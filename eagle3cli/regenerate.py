@@ -8,8 +8,8 @@ Two engines:
 
 - local: continuous batching on the fast path's decoder (``batch_decode``) for the targets it
   supports, else batched Hugging Face generation (left padding; conversations answer turn 1
-  together, then turn 2, ...), greedy or sampled with temperature/top-p. On a CPU with AMX
-  tiles, continuous batching computes in bfloat16 by default (``regen_dtype``).
+  together, then turn 2, ...), greedy or sampled with temperature/top-p. On a CPU with native
+  bf16 matmuls (AVX512-BF16, AMX), continuous batching computes in bfloat16 by default (``regen_dtype``).
 - ``--endpoint URL``: any OpenAI-compatible server (vLLM, SGLang, ...) serving the target,
   many conversations in flight at once, with retries. Only the standard library is used.
 """
@@ -38,21 +38,23 @@ class GenSettings:
     dtype: str | None = None  # what local generation computes in (regen_dtype); None: the model's own
 
 
-def has_amx_bf16() -> bool:
-    """Whether this CPU has AMX tiles with bf16 (oneDNN then runs torch's bf16 matmuls on them)."""
+def has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16, which every AMX-BF16 CPU also has):
+    oneDNN then runs torch's bf16 matmuls in hardware instead of converting to fp32."""
     import torch
 
-    probes = (getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_is_avx512_bf16_supported", None))
-    return all(p is not None and p() for p in probes)
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe is not None and probe())
 
 
 def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = False) -> str:
     """The dtype local regeneration computes in, from ``--regen-dtype`` (a dtype name or auto).
 
-    auto: bfloat16 for an fp32 target on a CPU with AMX-BF16 when continuous batching applies.
-    There a batch of 32 regenerates 1.3x faster in bf16 (the tiles run the bf16 matmuls, and the KV
-    cache read each step is half the bytes; docs/benchmarks.md); the answers are still the
-    target's own, as a bf16 serving engine would write them. Else the target's own dtype.
+    auto: bfloat16 for an fp32 target on a CPU with native bf16 matmuls when continuous batching
+    applies. There a batch of 32 regenerates 1.3x faster in bf16 on Intel's AMX tiles and 1.8x on
+    AMD EPYC's AVX512-BF16 (and the KV cache read each step is half the bytes; docs/benchmarks.md);
+    the answers are still the target's own, as a bf16 serving engine would write them (98% of
+    tokens agree teacher-forced). Else the target's own dtype.
     Features are captured at the target's dtype either way.
     """
     from .fast_target import config_unsupported_reason
@@ -61,8 +63,8 @@ def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = 
     own = next(k for k, v in DTYPES.items() if v == target_dtype)
     why_not = "quantized weights" if quantized else config_unsupported_reason(config)
     if name == "auto":
-        cpu_amx = device.startswith("cpu") and own == "float32" and has_amx_bf16()
-        return "bfloat16" if cpu_amx and why_not is None else own
+        cpu_bf16 = device.startswith("cpu") and own == "float32" and has_bf16_matmul()
+        return "bfloat16" if cpu_bf16 and why_not is None else own
     if name not in DTYPES:
         raise ValueError(f"--regen-dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
     if name != own and why_not is not None:

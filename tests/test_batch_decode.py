@@ -177,18 +177,18 @@ def test_regeneration_in_bfloat16_is_the_bf16_models_greedy_text(smol):
         regenerate_local(model, tok, CONVS, bf16, stops, continuous=False)
 
 
-def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_an_amx_cpu(monkeypatch):
+def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_a_bf16_cpu(monkeypatch):
     import eagle3cli.regenerate as regen
 
     llama, gemma = tiny_model("llama").config, tiny_model("gemma3_text").config
-    monkeypatch.setattr(regen, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(regen, "has_bf16_matmul", lambda: True)
     assert regen.regen_dtype("auto", llama, "cpu", torch.float32) == "bfloat16"
     assert regen.regen_dtype("auto", llama, "cpu", torch.float32, quantized=True) == "float32"
     assert regen.regen_dtype("auto", gemma, "cpu", torch.float32) == "float32"  # no continuous batching
     assert regen.regen_dtype("auto", llama, "cuda", torch.bfloat16) == "bfloat16"
     assert regen.regen_dtype("auto", llama, "cuda", torch.float32) == "float32"
     assert regen.regen_dtype("float32", llama, "cpu", torch.float32) == "float32"
-    monkeypatch.setattr(regen, "has_amx_bf16", lambda: False)
+    monkeypatch.setattr(regen, "has_bf16_matmul", lambda: False)
     assert regen.regen_dtype("auto", llama, "cpu", torch.float32) == "float32"
     assert regen.regen_dtype("bfloat16", llama, "cpu", torch.float32) == "bfloat16"  # asked for: honoured
     with pytest.raises(ValueError, match="needs continuous batching.*gemma3_text"):

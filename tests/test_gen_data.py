@@ -274,11 +274,11 @@ def test_regen_dtype_is_recorded_resumes_and_refuses_a_change(smol_tiny_dir, dat
     assert seen == ["bfloat16"] * 3  # every shard
     with pytest.raises(GenDataError, match=r"different settings \(regen_dtype\)"):
         run(options(out, data_file, regen_dtype="float32"), TargetSpec(str(smol_tiny_dir), device="cpu"))
-    # auto without AMX: --dtype's own, and nothing recorded (stores from before the option resume).
-    monkeypatch.setattr(regen, "has_amx_bf16", lambda: False)
+    # auto without native bf16: --dtype's own, and nothing recorded (stores from before the option resume).
+    monkeypatch.setattr(regen, "has_bf16_matmul", lambda: False)
     man = run(options(tmp_path / "fp32", data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))
     assert "regen_dtype" not in man["run"] and man["source"]["generation"]["dtype"] == "float32"
-    monkeypatch.setattr(regen, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(regen, "has_bf16_matmul", lambda: True)
     man = run(options(tmp_path / "auto", data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))
     assert man["run"]["regen_dtype"] == "bfloat16"
     m = ["-m", str(smol_tiny_dir), "--data", str(data_file), "--dry-run"]

@@ -36,6 +36,7 @@ def test_quickstart_tiny_model_picks_its_tree_by_measurement(smol_tiny_dir, tmp_
     assert json.loads((out / "data" / "manifest.json").read_text())["features"] == "none"
     trained = json.loads((res.draft / "config.json").read_text())["eagle3_training"]
     assert (trained["mode"], trained["loss_on"], trained["accept_loss"]) == ("online", "all", 0.5)
+    assert trained["ttt_warmup"] == 0  # a quarter of 3 steps
     # A rerun finds every stage done: the same eval results, nothing retrained.
     mtime = (res.draft / "model.safetensors").stat().st_mtime_ns
     again = run(opts, log=lambda m: None)
