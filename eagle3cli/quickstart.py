@@ -20,17 +20,16 @@ from .layers import text_config
 class QuickstartOptions:
     out: Path = Path("eagle3-quickstart")
     model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
-    # The draft is data-bound (docs/scaling.png), so the budget goes to fresh conversations, each
-    # trained on once: 180 steps of 1,024 tokens read about 390 of the 504 trained on (530 of 600
-    # stored: a first prompt over max_length is skipped); 13.5 min on 2 cores (docs/benchmarks.md,
-    # "Session 10").
-    samples: int | None = None  # training conversations: 600, or 300 with regenerate (regeneration is slow)
+    # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
+    # 1,024 tokens (3 epochs) took 14.5 min on 2 AMD cores (gen-data 7.0 in bf16, train 4.2, eval
+    # 3.3; docs/benchmarks.md, "Session 10").
+    samples: int | None = None  # training conversations: 300, or 600 without regenerate (each read once)
     steps: int = 180  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
-    # On 2 CPU cores the dataset's own text, trained online (the target's distribution is the
-    # teacher at every position either way), gave a better draft per CPU-minute than having the
-    # target regenerate fewer answers first: chain-3 tau 1.27 against 1.22 for about the same CPU time
-    # (docs/benchmarks.md, "Session 10"). --regenerate restores the target's own answers.
-    regenerate: bool = False
+    # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
+    # (gen-data --regen-dtype auto, 155 tokens/s here). --no-regenerate trains on the dataset's
+    # own text instead, online (the target is the teacher at every position either way): the
+    # better draft for the time where regeneration runs at fp32 speed (docs/benchmarks.md, "Session 10").
+    regenerate: bool = True
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
     max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
     draft_vocab_size: str = "8192"

@@ -448,8 +448,7 @@ class Trainer:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
-        if self.cfg.feature_noise and noise_seed is not None:
-            aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids), noise_seed)
+        aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids), noise_seed)  # None when held out
         teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask), full_argmax=held_out)
         return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
 
@@ -476,8 +475,7 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> TrainResult:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc = self.cfg, self.acc
-        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute,
-                       accept_weight=cfg.accept_loss)
+        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
         self.params = [p for p in ttt.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -529,15 +527,10 @@ class Trainer:
     def _optimizer_step(self, group: list[list[int]]) -> bool:
         """Accumulate the group's micro-batches and step; False (no update) if a loss is not finite."""
         acc, model = self.acc, self.model
-        # TTT curriculum: one step for the first --ttt-warmup optimizer steps (from self.step,
-        # which a resume restores, so a resumed run unrolls as the uninterrupted one).
-        acc.unwrap_model(model).active = 1 if self.step < self.cfg.ttt_warmup else None
+        acc.unwrap_model(model).active = 1 if self.step < self.cfg.ttt_warmup else None  # --ttt-warmup
         bad = torch.zeros((), device=acc.device)
         for mi, idx in enumerate(group):
-            # Noise drawn from (seed, step, micro-batch, process): a resumed run draws what the
-            # uninterrupted one did, with no generator state to checkpoint.
-            seed = ((self.cfg.seed * 1_000_003 + self.step) * 1_009 + mi) * 257 + self.acc.process_index
-            args, tokens = self._inputs(idx, noise_seed=seed)
+            args, tokens = self._inputs(idx, noise_seed=noise_seed(self.cfg.seed, self.step, mi, acc.process_index))
             with no_sync(acc, model, mi == len(group) - 1, self.sharded), acc.autocast():
                 out = model(*args)
                 del args  # the teacher [tokens x draft vocab] is only read by the forward (ttt.HeadSoftCrossEntropy)
@@ -612,8 +605,7 @@ class Trainer:
             "recipe": self.recipe, "eagle3_version": __version__, "metrics": metrics,
             "datasets": datasets, "created": date.today().isoformat(),
             "mode": "online" if cfg.online else "offline", "mixed_precision": self.acc.mixed_precision,
-            "loss_on": cfg.loss_on, "accept_loss": cfg.accept_loss, "feature_noise": cfg.feature_noise,
-            "ttt_warmup": cfg.ttt_warmup}
+            **{k: getattr(cfg, k) for k in ("loss_on", "accept_loss", "feature_noise", "ttt_warmup")}}
 
     def _finish(self, draft) -> dict:
         """Export the draft with its metadata, check it with inspect, write the summary."""
@@ -632,10 +624,20 @@ class Trainer:
         return metrics
 
 
-def with_noise(aux: torch.Tensor, scale: float, streams: int, seed: int = 0) -> torch.Tensor:
+def noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    """--feature-noise's seed for one micro-batch, from (seed, optimizer step, micro-batch, process):
+    a resumed run draws what the uninterrupted one did (self.step is restored), with no generator
+    state to checkpoint. The --ttt-warmup curriculum likewise follows self.step."""
+    return ((seed * 1_000_003 + step) * 1_009 + micro) * 257 + rank
+
+
+def with_noise(aux: torch.Tensor, scale: float, streams: int, seed: int | None = 0) -> torch.Tensor:
     """aux [B,T,k*H] plus Gaussian noise of ``scale`` x each stream's RMS at each position: the
     draft learns features that are near the target's rather than exactly them (its own outputs,
-    fed back at inference, never are). Drawn on the CPU from ``seed`` (the same on any device)."""
+    fed back at inference, never are). Drawn on the CPU from ``seed`` (the same on any device);
+    aux itself when ``scale`` is 0 or ``seed`` None (held-out batches)."""
+    if not scale or seed is None:
+        return aux
     parts = aux.float().unflatten(-1, (streams, -1))
     rms = parts.pow(2).mean(-1, keepdim=True).sqrt()
     gen = torch.Generator().manual_seed(seed % (1 << 63))

@@ -301,12 +301,11 @@ def acceptance_mix(q: torch.Tensor, p: torch.Tensor, weight: float) -> torch.Ten
     alpha is the chance that speculative sampling accepts a token drawn from q when the target
     samples from p (the acceptance-rate objective of LK losses, arXiv 2602.23881); soft
     cross-entropy only reaches it through q -> p. With m_v = [q_v < p_v] (min's subgradient),
-    d alpha / dz_j = q_j m_j - q_j <q, m>. Returns a new [rows, V] tensor (``q`` is reused).
+    d alpha / dz_j = q_j m_j - q_j <q, m>. The gradient is written into ``q``'s storage.
     """
-    m = (q < p).to(q.dtype)
-    qm = q * m
-    alpha = torch.minimum(q, p).sum(-1, keepdim=True).clamp_min(1e-6)
-    d_accept = (qm - q * qm.sum(-1, keepdim=True)).div_(alpha).neg_()  # d(-log alpha)/dz
+    qm = torch.where(q < p, q, 0.0)  # q m
+    accept = torch.minimum(q, p).sum(-1, keepdim=True).clamp_min(1e-6)  # alpha per row
+    d_accept = (qm - q * qm.sum(-1, keepdim=True)).div_(accept).neg_()  # d(-log alpha)/dz
     return q.sub_(p).mul_(1.0 - weight).add_(d_accept, alpha=weight)
 
 

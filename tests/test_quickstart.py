@@ -32,10 +32,10 @@ def test_quickstart_tiny_model_picks_its_tree_by_measurement(smol_tiny_dir, tmp_
     assert task["lossless"] is True and task["num_prompts"] == 1
     assert (res.draft / "model.safetensors").exists() and (res.hub_folder / "README.md").exists()
     assert set(res.seconds) == {"model", "gen-data", "train", "eval", "export"}
-    # The default data path: the dataset's text as tokens only, the target run while training.
-    assert json.loads((out / "data" / "manifest.json").read_text())["features"] == "none"
+    # The default data path: regenerated answers, features on disk; the ablation's training settings.
+    assert json.loads((out / "data" / "manifest.json").read_text())["features"] == "offline"
     trained = json.loads((res.draft / "config.json").read_text())["eagle3_training"]
-    assert (trained["mode"], trained["loss_on"], trained["accept_loss"]) == ("online", "all", 0.5)
+    assert (trained["mode"], trained["loss_on"], trained["accept_loss"]) == ("offline", "all", 0.5)
     assert trained["ttt_warmup"] == 0  # a quarter of 3 steps
     # A rerun finds every stage done: the same eval results, nothing retrained.
     mtime = (res.draft / "model.safetensors").stat().st_mtime_ns
@@ -56,3 +56,19 @@ def test_quickstart_local_model_without_hub_id_fails_before_any_work(smol_tiny_d
     assert not (out / "data").exists() and not (out / "prompts.jsonl").exists()
     r = runner.invoke(app, ["quickstart", "--model", str(smol_tiny_dir), "--out", str(out), "--base-model", "nohub"])
     assert r.exit_code == 1 and "not a Hub id" in r.output and not (out / "data").exists()
+
+
+def test_quickstart_without_regeneration_trains_online_on_the_datasets_text(smol_tiny_dir, tmp_path):
+    """--no-regenerate: a tokens-only store (no features written) and online training, each
+    conversation's target features computed in its training step."""
+    out = tmp_path / "qs"
+    _prompts(out / "prompts.jsonl")
+    opts = QuickstartOptions(out=out, model=str(smol_tiny_dir), samples=8, steps=8, regenerate=False,
+                             max_length=128, max_tokens=256, eval_prompts=1, eval_tokens=8, tree="1,1",
+                             base_model="someone/tiny-llama")
+    res = run(opts, log=lambda m: None)
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["features"] == "none" and manifest["num_samples"] == 8
+    trained = json.loads((res.draft / "config.json").read_text())["eagle3_training"]
+    assert (trained["mode"], trained["ttt_warmup"], trained["steps"]) == ("online", 2, 8)
+    assert res.results["tasks"]["mt_bench"]["lossless"] is True
