@@ -47,7 +47,7 @@ class QuickstartOptions:
     # The first quarter of the steps unrolls one TTT step (train --ttt-warmup): acc_0 is learned
     # first and those steps cost a third; with the acceptance loss, chain-3 tau as high for 20%
     # less CPU time (docs/benchmarks.md, "Session 10: the ablation table").
-    ttt_warmup: int = 45
+    ttt_warmup_share: float = 0.25
     eval_prompts: int = 4  # mt_bench prompts (both turns)
     eval_tokens: int = 64
     # "auto": eval measures the verify-cost curve and the draft's acceptance here and takes the tree
@@ -122,7 +122,7 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
                  draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
                  max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume, val_fraction=val_fraction,
                  eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
-                 accept_loss=opts.accept_loss, ttt_warmup=min(opts.ttt_warmup, opts.steps // 4))
+                 accept_loss=opts.accept_loss, ttt_warmup=int(opts.steps * opts.ttt_warmup_share))
     cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
     train(cfg, recipe)
     return out
