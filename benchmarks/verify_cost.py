@@ -7,7 +7,8 @@ n drafted tokens relative to decoding one: on a GPU that ratio stays near 1 up t
 tokens; on a CPU it does not. This prints the median latency of one target forward of n new
 tokens after a prefix, on the HF forward (DynamicCache, what `eagle3 eval --fast off` runs)
 and on the fast path (fast_target: static cache, fused and packed matmuls, what `eagle3 eval`
-runs by default), each as a ratio to its own n = 1 and the fast path against HF. The two
+runs by default; its matmuls MKL-packed for each size, and oneDNN-prepacked where oneDNN is
+available), HF as a ratio to its own n = 1, the fast path to its fastest n = 1. The two
 paths are timed in the same process, interleaved, on the same weights.
 """
 
@@ -20,7 +21,7 @@ import time
 import torch
 
 from eagle3cli.evaluate import hardware
-from eagle3cli.fast_target import FastTarget
+from eagle3cli.fast_target import ONEDNN, FastTarget, Linear
 from eagle3cli.target import TargetSpec, load_target
 
 
@@ -51,16 +52,22 @@ def main():
     target = load_target(TargetSpec(args.model))
     sizes = tuple(int(x) for x in args.sizes.split(","))
     # Every size packed for itself, one row included: the one-token reference is the fastest
-    # one-row forward (packed for one, or plain F.linear, whichever is faster here).
+    # one-row forward (MKL packed for one, plain F.linear or oneDNN, whichever is fastest here).
     fast = FastTarget(target, args.prefix + max(sizes) + 1, packed_rows=sizes)
     ids = torch.randint(100, target.config.vocab_size - 1, (1, args.prefix),
                         generator=torch.Generator().manual_seed(0))
     layers = (2, target.config.num_hidden_layers // 2, target.config.num_hidden_layers - 3)
     cache = DynamicCache(config=target.config)
+    onednn = Linear.can_pack_onednn(fast.head.weight)
     lat = {}
     with torch.no_grad():
         forward(target, ids, cache, logits_to_keep=1)
         fast.forward(ids[0], torch.arange(args.prefix), 0, logits="last")
+
+        def fast_ms(n):
+            new, pos = ids[0, -n:], torch.arange(args.prefix, args.prefix + n)
+            return median_ms(lambda: fast.forward(new, pos, args.prefix, hidden_layers=layers), args.repeats)
+
         for n in sizes:
             new = ids[:, -n:]
             pos = torch.arange(args.prefix, args.prefix + n)
@@ -69,23 +76,30 @@ def main():
                 forward(target, new, cache, position_ids=pos[None])
                 cache.crop(-n)
 
-            lat[n] = (median_ms(hf, args.repeats),
-                      median_ms(lambda: fast.forward(new[0], pos, args.prefix, hidden_layers=layers), args.repeats))
-        one = ids[0, -1:], torch.arange(args.prefix, args.prefix + 1)
-        packed_one = median_ms(lambda: fast.forward(*one, args.prefix, hidden_layers=layers), args.repeats)
+            lat[n] = [median_ms(hf, args.repeats), fast_ms(n)]
+        packed_one = fast_ms(1)
         fast.decoder.repack(tuple(n for n in sizes if n > 1))
-        unpacked_one = median_ms(lambda: fast.forward(*one, args.prefix, hidden_layers=layers), args.repeats)
+        unpacked_one = fast_ms(1)
+        if onednn:
+            fast.decoder.repack((ONEDNN,))
+            for n in sizes:
+                lat[n].append(fast_ms(n))
     print(f"model {args.model}  prefix {args.prefix}  {hardware()}  ({platform.node()})")
-    print(f"fast path, one row: packed for one {packed_one:.1f} ms, unpacked (F.linear) {unpacked_one:.1f} ms; "
-          f"'x one' uses the faster")
+    print(f"fast path, one row: MKL packed for one {packed_one:.1f} ms, unpacked (F.linear) {unpacked_one:.1f} ms"
+          + (f", oneDNN {lat[1][2]:.1f} ms" if onednn and 1 in lat else "")
+          + "; every 'x one' divides by the fastest one-row forward")
     if 1 in lat:
-        lat[1] = (lat[1][0], min(lat[1][1], unpacked_one))
-    print(f"{'new tokens':>10} {'hf ms':>8} {'x one':>6} {'fast ms':>8} {'x one':>6} {'fast/hf':>8}")
-    h1, f1 = lat[sizes[0]]
+        lat[1][1] = min(lat[1][1], unpacked_one)
+    one = min(lat[sizes[0]][1:])
+    cols = f"{'new tokens':>10} {'hf ms':>8} {'x one':>6} {'mkl ms':>8} {'x one':>6}"
+    print(cols + (f" {'onednn ms':>9} {'x one':>6}" if onednn else "") + f" {'best/hf':>8}")
+    h1 = lat[sizes[0]][0]
     for n in sizes:
-        h, f = lat[n]
-        print(f"{n:>10} {h:8.1f} {h / h1:6.2f} {f:8.1f} {f / f1:6.2f} {f / h:8.2f}")
-
+        h, *f = lat[n]
+        row = f"{n:>10} {h:8.1f} {h / h1:6.2f} {f[0]:8.1f} {f[0] / one:6.2f}"
+        if onednn:
+            row += f" {f[1]:9.1f} {f[1] / one:6.2f}"
+        print(row + f" {min(f) / h:8.2f}")
 
 if __name__ == "__main__":
     main()

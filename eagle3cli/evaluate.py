@@ -200,23 +200,30 @@ def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repe
 
 def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
                         repeats=3, decoder=None) -> dict[int, float]:
-    """``verify_latency`` on the fast path: each size timed with its matmuls packed for it, as
-    the run that follows will be (a packed GEMM's cost depends on the row count it is packed for).
-    ``decoder``: the run's own ``fast_target.Decoder`` (left packed for the last size), else one
-    built here."""
-    from .fast_target import Decoder, FastTarget
+    """``verify_latency`` on the fast path: each size timed with every packing ``tune_packing`` would
+    try for it (MKL packed for that size, oneDNN), the fastest kept, as the run that follows will
+    pack (a packed GEMM's cost depends on the row count it is packed for). ``decoder``: the run's
+    own ``fast_target.Decoder`` (left packed for the last size), else one built here."""
+    from .fast_target import ONEDNN, Decoder, FastTarget, Linear
 
     dev, past = ids.device, ids.shape[1]
-    lat = {}
     decoder = decoder or Decoder(target)  # fused once; each size only re-packs
+    fast = FastTarget(target, min(max_len, past + max(sizes)), decoder=decoder)
+    fast.forward(ids[0], torch.arange(past, device=dev), 0, logits="last")
+
+    def median(n):
+        new, pos = ids[0, -1:].repeat(n), torch.arange(past, past + n, device=dev)
+        fast.forward(new, pos, past)  # warm: the first call after packing pays page faults
+        ts = [timed(lambda: fast.forward(new, pos, past), dev)[1] for _ in range(repeats)]
+        return sorted(ts)[len(ts) // 2]
+
+    lat = {}
+    if Linear.can_pack_onednn(decoder.head.weight):  # one copy serves every size
+        decoder.repack((ONEDNN,))
+        lat = {n: median(n) for n in sizes}
     for n in sizes:
         decoder.repack((n,))
-        fast = FastTarget(target, min(max_len, past + n), decoder=decoder)
-        fast.forward(ids[0], torch.arange(past, device=dev), 0, logits="last")
-        new, pos = ids[0, -1:].repeat(n), torch.arange(past, past + n, device=dev)
-        ts = [timed(lambda: fast.forward(new, pos, past), dev)[1] for _ in range(repeats)]
-        lat[n] = sorted(ts)[len(ts) // 2]
-        del fast
+        lat[n] = min(lat.get(n, float("inf")), median(n))
     return lat
 
 
@@ -378,8 +385,7 @@ def pack_for_run(fast, settings, log=print) -> dict | None:
         one = tuned["one_row"]
         log(f"packing for {rows}-row verification: {tuned['packed_for'] or 'none'} "
             f"(ms per forward: {', '.join(f'{k} {v}' for k, v in tuned['ms'].items())}); "
-            f"one-row decoding: {'packed' if one['packed'] else 'unpacked'} "
-            f"(ms: none {one['ms']['none']}, packed {one['ms']['1']})")
+            f"one-row decoding: {one['uses']} (ms: {', '.join(f'{k} {v}' for k, v in one['ms'].items())})")
     return tuned
 
 

@@ -13,8 +13,9 @@ runs the same model with the same weights and the same formulas (HF's own RoPE t
 
 The cache is preallocated once ([layers, kv heads, max_len, head_dim]); keeping the accepted
 tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
-On a CPU with fp32 weights, the matmuls of the verification size use MKL's packed GEMM
-specialised for that row count (what inductor's CPU freezing uses), padding smaller inputs.
+On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
+uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
+one copy for every row count; ``tune_packing`` measures which is faster on this CPU.
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
@@ -57,10 +58,14 @@ def unsupported_reason(model) -> str | None:
     return config_unsupported_reason(model.config)
 
 
-class Linear:
-    """y = x W^T (+ b); on a CPU in fp32, MKL packed GEMM for the row counts asked for."""
+ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple[int, ...]):
+
+class Linear:
+    """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
+    (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
         self.weight, self.bias = weight.contiguous(), bias
         self.pack(packed_rows)
 
@@ -69,29 +74,46 @@ class Linear:
         """MKL's packed GEMM takes fp32 weights on a CPU."""
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
 
-    def pack(self, rows: tuple[int, ...]):
-        """Replace the packed copies with ones for ``rows`` (the weight itself is kept as it is)."""
+    @staticmethod
+    def can_pack_onednn(weight: torch.Tensor) -> bool:
+        """oneDNN's prepacked linear (what inductor's CPU freezing uses without MKL), fp32 on a CPU."""
+        return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+    def pack(self, rows: tuple):
+        """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
+        the weight itself is kept as it is. Keys this CPU cannot pack are skipped."""
         self.packed = {}
-        if self.can_pack(self.weight):
-            for m in rows:
+        for m in rows:
+            if m == ONEDNN and self.can_pack_onednn(self.weight):
+                self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            elif m != ONEDNN and self.can_pack(self.weight):
                 self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
 
-    def packed_for(self, m: int) -> int | None:
-        """The packed copy an m-row call uses: the one for exactly m rows, else (m > 1) the smallest
-        one for more rows, the input padded; None: plain F.linear. One row is never padded up to a
-        block: that costs what the block costs."""
-        if m in self.packed:
-            return m
-        return min((k for k in self.packed if k > m), default=None) if m > 1 else None
+    def packed_for(self, m: int) -> int | str | None:
+        return serving_key(tuple(self.packed), m)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        size = self.packed_for(m)
-        if size is None:
+        key = self.packed_for(m)
+        if key is None:
             return F.linear(x, self.weight, self.bias)
-        if size > m:
-            x = torch.cat([x, x.new_zeros(size - m, x.shape[1])])
-        return torch.ops.mkl._mkl_linear(x, self.packed[size], self.weight, self.bias, size)[:m]
+        if key == ONEDNN:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], self.bias, "none", [], "")
+        if key > m:
+            x = torch.cat([x, x.new_zeros(key - m, x.shape[1])])
+        return torch.ops.mkl._mkl_linear(x, self.packed[key], self.weight, self.bias, key)[:m]
+
+
+def serving_key(keys: tuple, m: int) -> int | str | None:
+    """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else oneDNN's;
+    else (m > 1) the smallest MKL one for more rows, the input padded; None: plain F.linear.
+    One row is never padded up to a block: that costs what the block costs."""
+    if m in keys:
+        return m
+    if ONEDNN in keys:
+        return ONEDNN
+    return min((k for k in keys if k != ONEDNN and k > m), default=None) if m > 1 else None
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -170,8 +192,8 @@ class Decoder:
             lin.pack(rows)
 
     def packable(self) -> bool:
-        """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL)."""
-        return Linear.can_pack(self.head.weight)
+        """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL or oneDNN)."""
+        return Linear.can_pack(self.head.weight) or Linear.can_pack_onednn(self.head.weight)
 
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
@@ -253,24 +275,43 @@ class FastTarget:
         self.v[:, :, dst] = self.v[:, :, src]
 
 
+def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:
+    """The packings ``tune_packing`` times for ``rows``-row verifications on this CPU: unpacked, MKL
+    packed for ``rows`` and padded up to a multiple of 4 (fp32 with MKL), oneDNN prepacked (fp32
+    with oneDNN)."""
+    options = [()]
+    if Linear.can_pack(weight):
+        options += [(rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
+    if Linear.can_pack_onednn(weight):
+        options.append((ONEDNN,))
+    return options
+
+
+def _label(option: tuple, rows: int) -> str:
+    """What serves a ``rows``-row call under ``option``: an MKL row count, "onednn" or "none"."""
+    return str(serving_key(option, rows) or "none")
+
+
 def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3, rounds: int = 2,
                  clock=None) -> dict | None:
     """Pack ``fast``'s matmuls the fastest of a few ways, timed here, for the two forward sizes a
     speculative run and its plain baseline use: ``rows``-row verifications and one-row decoding.
     Returns what was measured (None: nothing to choose: one row, or nothing packs here).
 
-    A packed GEMM is specialised for its row count, and MKL's speed is not monotonic in it: on
-    one Xeon 3 rows packed for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed
-    for 4, 1.30x (docs/benchmarks.md). Which option wins is the CPU's and MKL's, so it is measured
-    at start-up: unpacked, packed for ``rows``, and padded up to a multiple of 4; then one row,
-    unpacked or packed for one (on that Xeon packed is about 11% faster: the plain baseline must
-    get it too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts
-    between rounds), the best median kept. Every option computes the same products; the cache is
-    left holding garbage past position 0, which the next prefill overwrites.
+    Which prepacked GEMM wins is the CPU's, so it is measured at start-up. MKL's packed GEMM is
+    specialised for its row count and its speed is not monotonic in it: on one Xeon 3 rows packed
+    for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed for 4, 1.30x; there
+    oneDNN's prepacked linear was slower than MKL's, while on an AMD EPYC it verifies 8 rows of
+    SmolLM2's matmuls at 1.06x one row against MKL's 1.57x (docs/benchmarks.md). So: unpacked, MKL
+    packed for ``rows`` or padded up to a multiple of 4, oneDNN; then one row, served as that
+    choice serves it, by MKL packed for one, or by oneDNN (the plain baseline must get the
+    fastest too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts
+    between rounds), the best median kept. Every option computes the same products up to fp32
+    rounding; the cache is left holding garbage past position 0, which the next prefill overwrites.
     """
-    options = [(), (rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
+    options = packing_options(rows, fast.head.weight)
     prefix = min(prefix, fast.max_len - rows)  # a short context is timed behind a shorter prefix
-    if rows < 2 or not fast.decoder.packable() or prefix < 1:
+    if rows < 2 or len(options) < 2 or prefix < 1:
         return None
     dev = fast.embed.device
     ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)
@@ -278,15 +319,17 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     new, pos = ids[prefix:], torch.arange(prefix, prefix + rows, device=dev)
     timing = dict(repeats=repeats, rounds=rounds, clock=clock)
     verify = _median_times(fast, options, new, pos, prefix, **timing)
-    best = min(options, key=lambda o: (verify[o], o))
-    single_options = [best, (1,) + best]
+    best = min(options, key=lambda o: (verify[o], str(o)))
+    # one row: as ``best`` serves it, or an extra copy (MKL for one row, or oneDNN) next to it
+    w = fast.head.weight
+    extra = [k for k, can in ((1, Linear.can_pack(w)), (ONEDNN, Linear.can_pack_onednn(w))) if can and k not in best]
+    single_options = [best] + [(k,) + best for k in extra]
     single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
     keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer
     fast.decoder.repack(keep)
-    return {"rows": rows, "packed_for": best[0] if best else None,
-            "ms": {str(o[0]) if o else "none": round(1000 * t, 2) for o, t in verify.items()},
-            "one_row": {"packed": 1 in keep, "ms": {"none": round(1000 * single[best], 2),
-                                                    "1": round(1000 * single[(1,) + best], 2)}}}
+    return {"rows": rows, "packed_for": _label(best, rows) if best else None, "packing": list(keep),
+            "ms": {_label(o, rows): round(1000 * t, 2) for o, t in verify.items()},
+            "one_row": {"uses": _label(keep, 1), "ms": {_label(o, 1): round(1000 * t, 2) for o, t in single.items()}}}
 
 
 def _median_times(fast: FastTarget, options, new, pos, past: int, repeats: int, rounds: int, clock=None) -> dict:

@@ -151,10 +151,11 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     # way for the chosen tree (fast_target.tune_packing).
     tuned = res["fast_packing"]
     assert tuned["rows"] == auto["total_tokens"] + 1 and len(built) == 1
-    verify_packing = (tuned["packed_for"],) if tuned["packed_for"] else ()
-    assert packed[-1] == ((1,) if tuned["one_row"]["packed"] else ()) + verify_packing
-    assert set(tuned["ms"]) <= {"none", str(tuned["rows"]), str(-(-tuned["rows"] // 4) * 4)}
-    assert set(tuned["one_row"]["ms"]) == {"none", "1"}
+    assert packed[-1] == tuple(tuned["packing"])
+    assert tuned["packed_for"] is None or tuned["packed_for"] in tuned["ms"]
+    assert tuned["one_row"]["uses"] in tuned["one_row"]["ms"]
+    assert set(tuned["ms"]) <= {"none", str(tuned["rows"]), str(-(-tuned["rows"] // 4) * 4), "onednn"}
+    assert "onednn" in tuned["ms"] and len(tuned["one_row"]["ms"]) == (2 if tuned["packed_for"] == "onednn" else 3)
 
 
 def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):

@@ -309,16 +309,20 @@ from eagle3cli.tree import verify_mask  # noqa: E402
 FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
 def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
-    """tune_packing times unpacked, packed for the row count and padded to a multiple of 4, then one
-    row unpacked or packed for one, and packs every matmul (the LM head included) the fastest way
-    for both; the logits stay the model's."""
-    from eagle3cli.fast_target import tune_packing
+    """tune_packing times unpacked, MKL packed for the row count or padded to a multiple of 4, and
+    oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
+    matmul (the LM head included) the fastest way for both; the logits stay the model's."""
+    from eagle3cli.fast_target import ONEDNN, tune_packing
 
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
     # a fake clock: each forward costs what its packing costs
-    cost = {(): 5.0, (3,): 9.0, (4,): 2.0, (1, 4): 1.5, (1,): 6.0}
+    cost = {(): 5.0, (3,): 9.0, (4,): 2.0, (ONEDNN,): 3.0, (1, 4): 1.5, (ONEDNN, 4): 1.8, (1,): 6.0}
     now = [0.0]
 
     def clock():
@@ -326,32 +330,39 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
         return now[0]
 
     got = tune_packing(fast, 3, clock=clock)
-    assert got == {"rows": 3, "packed_for": 4, "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0},
-                   "one_row": {"packed": True, "ms": {"none": 2000.0, "1": 1500.0}}}
+    assert got == {"rows": 3, "packed_for": "4", "packing": [1, 4], "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0, "onednn": 3000.0},
+                   "one_row": {"uses": "1", "ms": {"none": 2000.0, "1": 1500.0, "onednn": 1800.0}}}
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(1, 4)}
     assert len(fast.decoder.linears()) == 4 * target.config.num_hidden_layers + 1
-    cost[()] = 1.0  # unpacked wins both: nothing packed
+    cost.update({(ONEDNN,): 0.5, (1, ONEDNN): 0.7})  # oneDNN wins both: one copy serves both sizes
     got = tune_packing(fast, 4, clock=clock)
-    assert got["packed_for"] is None and got["one_row"] == {"packed": False, "ms": {"none": 1000.0, "1": 6000.0}}
+    assert got["packed_for"] == "onednn" and got["one_row"] == {"uses": "onednn", "ms": {"onednn": 500.0, "1": 700.0}}
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(ONEDNN,)}
+    cost[()] = 0.1  # unpacked wins both: nothing packed (oneDNN second at one row, not kept)
+    got = tune_packing(fast, 4, clock=clock)
+    assert got["packed_for"] is None and got["one_row"] == {"uses": "none",
+                                                            "ms": {"none": 100.0, "1": 6000.0, "onednn": 500.0}}
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {()}
     assert tune_packing(fast, 1) is None  # nothing to verify
     ids = prompt(9, n=9)
-    fast.decoder.repack((1, 4))
-    with torch.no_grad():
-        fast.forward(ids[0, :6], torch.arange(6), 0)
-        logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)  # 3 rows padded to 4
-        one, _ = fast.forward(ids[0, 6:7], torch.arange(6, 7), 6)  # one row, packed for one
-        ref = target(input_ids=ids).logits[0]
-        torch.testing.assert_close(logits, ref[6:], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
+    for packing in ((1, 4), (ONEDNN,)):
+        fast.decoder.repack(packing)
+        with torch.no_grad():
+            fast.forward(ids[0, :6], torch.arange(6), 0)
+            logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)  # 3 rows (MKL: padded to 4)
+            one, _ = fast.forward(ids[0, 6:7], torch.arange(6, 7), 6)  # one row (MKL: packed for one)
+            ref = target(input_ids=ids).logits[0]
+            torch.testing.assert_close(logits, ref[6:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 128)
-    assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None  # MKL packs fp32 only
+    assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None  # both pack fp32 only
 
 
 def test_linear_packing_rule():
     """One row uses only a copy packed for one (padding it up to a block costs the block); more rows
-    use their own, else the smallest larger one; else F.linear."""
-    from eagle3cli.fast_target import Linear
+    use their own, else the smallest larger one; else F.linear. A oneDNN copy serves every row count
+    that has no MKL copy of its own, and computes the same products."""
+    from eagle3cli.fast_target import ONEDNN, Linear
 
     w = torch.randn(8, 4)
     assert Linear(w, None, (4,)).packed_for(1) is None
@@ -361,6 +372,13 @@ def test_linear_packing_rule():
     x = torch.randn(5, 4)
     torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lin(x), x @ w.T, atol=1e-5, rtol=1e-5)
+    if torch.backends.mkldnn.is_available():
+        b = torch.randn(8)
+        lin = Linear(w, b, (1, ONEDNN))
+        assert [lin.packed_for(m) for m in (1, 2, 5, 17)] == [1, ONEDNN, ONEDNN, ONEDNN]
+        torch.testing.assert_close(lin(x), x @ w.T + b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T + b, atol=1e-5, rtol=1e-5)
+    assert Linear(w.double(), None, (ONEDNN, 4)).packed == {}  # fp32 only: unpacked, not an error
 
 
 @pytest.mark.parametrize("arch", FAST_ARCHS)
@@ -403,13 +421,15 @@ def test_fast_target_matches_hf_forward(arch):
         torch.testing.assert_close(fast.v[:, :, :m], fresh.v[:, :, :m], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("packing", [(4, 13), ("onednn",)], ids=["mkl", "onednn"])
 @pytest.mark.parametrize("arch", FAST_ARCHS)
-def test_fast_path_greedy_equality(arch):
-    """Speculative decoding on the fast path is token for token the HF target's greedy output."""
+def test_fast_path_greedy_equality(arch, packing):
+    """Speculative decoding on the fast path is token for token the HF target's greedy output,
+    with MKL's packed matmuls (4 rows padded, 13 exact) or oneDNN's."""
     target = tiny_model(arch)
     draft = random_draft(target)
     oracle = Oracle(target, sharpen=1.0, noise=0.03)
-    fast = FastTarget(target, 128, packed_rows=(4, 13))
+    fast = FastTarget(target, 128, packed_rows=packing)
     accepted = 0
     for i in range(3):
         ids = prompt(20 + i)
@@ -427,7 +447,7 @@ def test_fast_path_greedy_equality(arch):
 @pytest.mark.parametrize("mode,drafter_kind", [("tree", "eagle"), ("chain", "noisy")])
 def test_fast_path_sampling_matches_target_distribution(mode, drafter_kind):
     target = tiny_model("llama", vocab_size=8, num_hidden_layers=3, hidden_size=32, intermediate_size=64)
-    fast = FastTarget(target, 16, packed_rows=(4, 7))
+    fast = FastTarget(target, 16, packed_rows=(4, 7, "onednn"))  # 4 and 7 rows MKL, the rest oneDNN
     ids = torch.tensor([[1, 5, 3, 2]])
     T = 0.8
     drafter = Oracle(target, noise=1.0) if drafter_kind == "noisy" else random_draft(target, keep_every=2)
