@@ -58,7 +58,7 @@ def main():
                         generator=torch.Generator().manual_seed(0))
     layers = (2, target.config.num_hidden_layers // 2, target.config.num_hidden_layers - 3)
     cache = DynamicCache(config=target.config)
-    onednn = Linear.can_pack_onednn(fast.head.weight)
+    onednn = Linear.can_pack(fast.head.weight, ONEDNN)
     lat = {}
     with torch.no_grad():
         forward(target, ids, cache, logits_to_keep=1)

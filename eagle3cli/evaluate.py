@@ -218,7 +218,7 @@ def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24
         return sorted(ts)[len(ts) // 2]
 
     lat = {}
-    if Linear.can_pack_onednn(decoder.head.weight):  # one copy serves every size
+    if Linear.can_pack(decoder.head.weight, ONEDNN):  # one copy serves every size
         decoder.repack((ONEDNN,))
         lat = {n: median(n) for n in sizes}
     for n in sizes:

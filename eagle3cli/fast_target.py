@@ -70,25 +70,24 @@ class Linear:
         self.pack(packed_rows)
 
     @staticmethod
-    def can_pack(weight: torch.Tensor) -> bool:
-        """MKL's packed GEMM takes fp32 weights on a CPU."""
-        return weight.device.type == "cpu" and weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
-
-    @staticmethod
-    def can_pack_onednn(weight: torch.Tensor) -> bool:
-        """oneDNN's prepacked linear (what inductor's CPU freezing uses without MKL), fp32 on a CPU."""
-        return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    def can_pack(weight: torch.Tensor, key: int | str = 1) -> bool:
+        """Whether ``weight`` packs for ``key`` here: MKL's packed GEMM (an int key) or oneDNN's
+        prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL), fp32 on a CPU."""
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        if key == ONEDNN:
+            return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        return hasattr(torch.ops.mkl, "_mkl_linear")
 
     def pack(self, rows: tuple):
         """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
         the weight itself is kept as it is. Keys this CPU cannot pack are skipped."""
         self.packed = {}
         for m in rows:
-            if m == ONEDNN and self.can_pack_onednn(self.weight):
-                self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-            elif m != ONEDNN and self.can_pack(self.weight):
-                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
+            if not self.can_pack(self.weight, m):
+                continue
+            self.packed[m] = (torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if m == ONEDNN
+                              else torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m))
 
     def packed_for(self, m: int) -> int | str | None:
         return serving_key(tuple(self.packed), m)
@@ -193,7 +192,7 @@ class Decoder:
 
     def packable(self) -> bool:
         """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL or oneDNN)."""
-        return Linear.can_pack(self.head.weight) or Linear.can_pack_onednn(self.head.weight)
+        return any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
 
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
@@ -282,7 +281,7 @@ def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:
     options = [()]
     if Linear.can_pack(weight):
         options += [(rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
-    if Linear.can_pack_onednn(weight):
+    if Linear.can_pack(weight, ONEDNN):
         options.append((ONEDNN,))
     return options
 
@@ -321,8 +320,7 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     verify = _median_times(fast, options, new, pos, prefix, **timing)
     best = min(options, key=lambda o: (verify[o], str(o)))
     # one row: as ``best`` serves it, or an extra copy (MKL for one row, or oneDNN) next to it
-    w = fast.head.weight
-    extra = [k for k, can in ((1, Linear.can_pack(w)), (ONEDNN, Linear.can_pack_onednn(w))) if can and k not in best]
+    extra = [k for k in (1, ONEDNN) if k not in best and Linear.can_pack(fast.head.weight, k)]
     single_options = [best] + [(k,) + best for k in extra]
     single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
     keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer
