@@ -318,6 +318,7 @@ class TaskStats:
     seconds: dict = field(default_factory=lambda: dict.fromkeys(METHODS, 0.0))
     outputs: list = field(default_factory=list)
     mismatches: list = field(default_factory=list)
+    fast_differs_from_hf: list = field(default_factory=list)
     errors: list = field(default_factory=list)
 
 
@@ -389,6 +390,65 @@ def pack_for_run(fast, settings, log=print) -> dict | None:
     return tuned
 
 
+def eval_dtype(spec, cfg: EvalConfig) -> str:
+    """What ``--dtype auto`` loads the target in for our generator: bfloat16 on a CPU with AMX when
+    the fast path verifies greedily there (a 16-row verification costs 1.3x one row in bf16 against
+    1.6x in fp32: docs/benchmarks.md, session 12), else what auto means for every command (bf16 on
+    a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it fails, eval
+    reloads the target in fp32."""
+    from .fast_target import has_amx_bf16
+    from .target import default_device
+
+    if spec.dtype != "auto" or spec.load_in_8bit or spec.load_in_4bit or spec.gguf_file:
+        return spec.dtype
+    cpu = (spec.device or default_device()).startswith("cpu")
+    if cpu and cfg.fast != "off" and cfg.temperature == 0 and has_amx_bf16():
+        return "bfloat16"
+    return "auto"
+
+
+def evaluate_spec(spec, tokenizer, draft_for, cfg: EvalConfig, progress=None, log=print) -> dict:
+    """``evaluate`` with the target loaded from ``spec`` in ``eval_dtype``'s choice (the draft is
+    ``draft_for(target)``): under ``--dtype auto``, once more in float32 if bf16 fails its check."""
+    import dataclasses
+
+    from .target import load_target
+
+    dtype = eval_dtype(spec, cfg)
+    if dtype != spec.dtype:
+        log(f"--dtype auto: {dtype} (this CPU has AMX: verifying several tokens costs little more than one)")
+    while True:
+        target = load_target(dataclasses.replace(spec, dtype=dtype))
+        try:
+            return evaluate(target, tokenizer, draft_for(target), cfg, progress=progress, log=log)
+        except NotRowInvariant as e:
+            if dtype == spec.dtype:  # asked for: the user decides
+                raise
+            log(f"note: {e}; --dtype auto falls back to float32")
+            dtype = "float32"
+
+
+class NotRowInvariant(EvalError):
+    """The low-precision fast path's verification is not bitwise one-token decoding on this CPU."""
+
+
+def check_exact(fast, settings, log=print) -> bool | None:
+    """For a bf16/fp16 fast path: that verifying this run's row count decodes bitwise what one-token
+    decoding does (``fast_target.row_invariant``), else no lossless claim could hold; raises
+    NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-5)."""
+    from .fast_target import row_invariant
+
+    if fast is None or not fast.low_precision:
+        return None
+    (rows,) = verification_rows(settings)
+    if not row_invariant(fast, rows):
+        raise NotRowInvariant(f"in {str(fast.embed.dtype).removeprefix('torch.')} on this CPU a {rows}-row "
+                              f"verification does not give bitwise the logits of one-token decoding, so "
+                              f"speculative output could differ from plain decoding; use --dtype float32")
+    log(f"low-precision fast path: a {rows}-row verification is bitwise one-token decoding here (checked)")
+    return True
+
+
 def verification_rows(settings) -> tuple[int]:
     """The row count one verification forward runs, as the fast path packs its matmuls for it:
     the root plus every drafted node."""
@@ -419,6 +479,7 @@ def summarize(stats: TaskStats, cfg: EvalConfig) -> dict:
         "speedup": tps["speculative"] / tps["baseline"] if tps["baseline"] and tps["speculative"] else None,
         "lossless": (not stats.mismatches) if cfg.temperature == 0 else None,
         "mismatches": stats.mismatches,
+        "fast_differs_from_hf": stats.fast_differs_from_hf,
         "errors": stats.errors,
         "cycle_ms": {k: 1000 * v / fwd for k, v in times.items() if k != "prefill"} if fwd else None,
         "accept_length_hist": _hist([a for o in outs for a in o.accept_lengths]),
@@ -454,6 +515,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)
+    exact = None if tree_auto else check_exact(fast, settings, log)
 
     def spec(ids, s=settings, seed=cfg.seed):
         return speculative_generate(target, drafter, ids, s, seed=seed, fast=fast)
@@ -489,6 +551,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
         packing = pack_for_run(fast, settings, log)  # re-pack for the chosen verification size
+        exact = check_exact(fast, settings, log)
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 
@@ -536,8 +599,13 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                 if bf is not None and bf != b:  # the fast forward must decode what the HF forward decodes
                     log(f"note: {task} prompt {pid}: plain decoding on the fast path differs from HF generate "
                         f"at token {first_difference(bf, b)}")
-                if cfg.temperature == 0 and s_out.tokens != b:
-                    at = first_difference(s_out.tokens, b)
+                    for st in rows:
+                        st.fast_differs_from_hf.append(pid)
+                # In low precision HF's own forward is not row-invariant, so greedy speculative output
+                # is held to plain decoding on the forward it verifies with (bitwise: check_exact).
+                reference = bf if exact else b
+                if cfg.temperature == 0 and s_out.tokens != reference:
+                    at = first_difference(s_out.tokens, reference)
                     log(f"error: LOSSLESS CHECK FAILED: {task} prompt {pid} differs from greedy at token {at}")
                     for st in rows:
                         st.mismatches.append(pid)
@@ -566,6 +634,10 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                      "steps": cfg.steps if cfg.mode == "chain" else None,
                      "tree_auto": auto},
         "fast_packing": packing,
+        "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+        # what greedy speculative output is compared with: HF generate, or (low precision, where only
+        # the fast path's forward is row-invariant) plain decoding on the fast path
+        "lossless_reference": "fast plain decoding" if exact else "hf generate",
         "tasks": results,
         "per_category": per_category,
     }

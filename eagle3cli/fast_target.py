@@ -15,7 +15,10 @@ The cache is preallocated once ([layers, kv heads, max_len, head_dim]); keeping 
 tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
-one copy for every row count; ``tune_packing`` measures which is faster on this CPU.
+one copy for every row count; ``tune_packing`` measures which is faster on this CPU. With bf16
+weights (on AMX CPUs a verification of 16 rows then costs 1.2x one row, against 1.7x in fp32),
+attention runs in float64 so that verifying is bitwise one-token decoding (``attention_dtype``,
+``row_invariant``).
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
@@ -201,6 +204,19 @@ class Decoder:
         return cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype)
 
 
+def attention_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the fast path's attention (and its KV cache) computes in for a decoder in ``dtype``.
+
+    float64 under bf16/fp16 weights, so that a verification decodes exactly what one-token
+    decoding decodes. Those matmuls are row-invariant on the CPU (a row's result does not depend
+    on how many rows share the call), but attention in low precision is not: its reductions over
+    the keys round differently with the key count and the tree mask, which moves bf16 logits by up
+    to 0.6 (docs/benchmarks.md, session 12) and flips near-ties. In float64 the differences
+    (~1e-16) vanish when the output is rounded back to bf16; ``row_invariant`` checks it at start-up.
+    """
+    return torch.float64 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 class FastTarget:
     """The target's decoder as plain tensors, with its own static KV cache."""
 
@@ -218,7 +234,8 @@ class FastTarget:
         self.max_len = max_len
         self.cos, self.sin = d.rope(max_len)
         shape = (len(self.layers), self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, device=self.embed.device, dtype=self.embed.dtype)
+        self.attn_dtype = attention_dtype(self.embed.dtype)
+        self.k = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
         self.v = torch.zeros_like(self.k)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -255,8 +272,9 @@ class FastTarget:
             q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
             self.k[j, :, past:past + n] = k[0]
             self.v[j, :, past:past + n] = v.transpose(0, 1)
-            o = F.scaled_dot_product_attention(q, self.k[j:j + 1, :, :past + n], self.v[j:j + 1, :, :past + n],
-                                               attn_mask=attn_mask, scale=layer.scaling, enable_gqa=nkv != nh)
+            o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
+                                               self.v[j:j + 1, :, :past + n], attn_mask=attn_mask,
+                                               scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
             x = x + layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))
             gu = layer.gate_up(_rms_norm(x, layer.ln2, layer.eps))
             x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
@@ -266,12 +284,58 @@ class FastTarget:
         out = self.head(x if logits == "all" else x[-1:])
         return out, hidden
 
+    @property
+    def low_precision(self) -> bool:
+        """Whether the weights are bf16/fp16 (attention then in float64: ``attention_dtype``)."""
+        return self.attn_dtype != self.embed.dtype
+
     def keep(self, past: int, keep: torch.Tensor):
         """Move tree entries ``past + keep`` to slots past, past+1, ... (only those few entries)."""
         src = past + keep
         dst = slice(past, past + keep.numel())
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+
+
+def has_amx_bf16() -> bool:
+    """Whether this CPU has Intel's AMX tiles, where bf16 matmuls of 1-16 rows cost about one row's."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
+@torch.no_grad()
+def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) -> bool:
+    """Whether verifying ``rows`` tokens here gives bitwise the logits that decoding them one at a
+    time gives: for a chain, and for every node of a binary tree against its own path. Only then
+    does greedy speculative decoding emit exactly what plain decoding emits, near-ties included.
+    A start-up check for the low-precision fast path (its matmuls' row-invariance is the CPU
+    library's, not ours to promise); it overwrites the cache.
+    """
+    if rows < 2 or prefix + rows > fast.max_len:
+        return True
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=g).to(fast.embed.device)
+    fast.forward(ids[:prefix], torch.arange(prefix, device=ids.device), 0, logits="last")
+
+    def one_by_one(path: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        at = lambda d: torch.tensor([prefix + d], device=ids.device)  # noqa: E731
+        return torch.cat([fast.forward(tokens[i:i + 1], at(d), prefix + d)[0] for d, i in enumerate(path)])
+
+    new = ids[prefix:]
+    chain, _ = fast.forward(new, torch.arange(prefix, prefix + rows, device=ids.device), prefix)
+    if not torch.equal(chain, one_by_one(list(range(rows)), new)):
+        return False
+    parents = [-1] + [(i - 1) // 2 for i in range(1, rows)]
+    paths = [[0]]
+    for i in range(1, rows):
+        paths.append(paths[parents[i]] + [i])
+    mask = torch.zeros(rows, prefix + rows, dtype=torch.bool, device=ids.device)
+    mask[:, :prefix] = True
+    for i, path in enumerate(paths):
+        mask[i, [prefix + j for j in path]] = True
+    depth = torch.tensor([len(path) - 1 for path in paths], device=ids.device)
+    tree, _ = fast.forward(new, prefix + depth, prefix, mask=mask)
+    return all(torch.equal(tree[i], one_by_one(path, new)[-1]) for i, path in enumerate(paths))
 
 
 def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:

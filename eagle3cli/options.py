@@ -198,6 +198,9 @@ class EvalOptions(TargetOptions):
     """``eagle3 eval``'s flags; :meth:`validate` refuses what cannot run, and
     ``evaluate.EvalConfig.from_options`` turns them into the library's settings."""
 
+    dtype: str = option("auto", "auto|bfloat16|float16|float32 (auto: bf16 on GPU; on a CPU bf16 where it has AMX "
+                                "and the fast path verifies greedily, checked to decode exactly as one-token "
+                                "decoding, else fp32).")
     draft: str = option(REQUIRED, "Draft directory (config.json + model.safetensors).", short="-d")
     task: list[str] = option(["mt_bench"], "mt_bench, gsm8k, humaneval, alpaca, sum, or a .jsonl turns file; "
                                            "repeatable.", short="-t")

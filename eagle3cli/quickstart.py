@@ -136,10 +136,10 @@ def _model_type(model: str) -> str | None:
 
 
 def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
-    from .evaluate import EvalConfig, evaluate, write_results
+    from .evaluate import EvalConfig, evaluate_spec, write_results
     from .export import load_draft
     from .options import parse_tree
-    from .target import TargetSpec, load_target, load_tokenizer
+    from .target import TargetSpec, load_tokenizer
 
     out = opts.out / "eval"
     if (out / "results.json").exists():
@@ -147,8 +147,7 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
         return json.loads((out / "results.json").read_text())
     log(f"[5/6] eval: {opts.eval_prompts} mt_bench prompts, plain vs speculative decoding")
     spec = TargetSpec(model=model)
-    target, tok = load_target(spec), load_tokenizer(spec)
-    d, _ = load_draft(draft, target=target)
+    tok = load_tokenizer(spec)
     auto, total, depth, top_k = parse_tree(opts.tree)
     cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=opts.eval_prompts,
                      max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k,
@@ -157,7 +156,8 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
 
     with Progress(transient=True) as bar:
         job = bar.add_task("eval (plain + speculative)", total=opts.eval_prompts)
-        results = evaluate(target, tok, d.eval(), cfg, progress=lambda: bar.advance(job), log=lambda m: None)
+        results = evaluate_spec(spec, tok, lambda target: load_draft(draft, target=target)[0].eval(), cfg,
+                                progress=lambda: bar.advance(job), log=lambda m: None)
     results.update(target=model, draft=str(draft))
     write_results(results, out)
     return results

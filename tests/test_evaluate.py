@@ -138,7 +138,7 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
                             "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "6", "--limit", "1",
-                            "--tree", "auto"])
+                            "--tree", "auto", "--dtype", "float32"])  # fp32: what packs (auto: bf16 on AMX)
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     auto = res["settings"]["tree_auto"]
@@ -156,6 +156,64 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     assert tuned["one_row"]["uses"] in tuned["one_row"]["ms"]
     assert set(tuned["ms"]) <= {"none", str(tuned["rows"]), str(-(-tuned["rows"] // 4) * 4), "onednn"}
     assert "onednn" in tuned["ms"] and len(tuned["one_row"]["ms"]) == (2 if tuned["packed_for"] == "onednn" else 3)
+
+
+def test_eval_dtype_auto_takes_bf16_on_amx_cpus_for_greedy_fast_verification(monkeypatch):
+    from eagle3cli import fast_target
+    from eagle3cli.evaluate import EvalConfig, eval_dtype
+    from eagle3cli.target import TargetSpec
+
+    greedy = EvalConfig(tasks=["mt_bench"])
+    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy) == "bfloat16"
+    assert eval_dtype(TargetSpec(model="m", device="cpu", dtype="float32"), greedy) == "float32"  # asked for
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], fast="off")) == "auto"
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], temperature=0.7)) == "auto"
+    assert eval_dtype(TargetSpec(model="m", device="cpu", load_in_8bit=True), greedy) == "auto"
+    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: False)
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy) == "auto"
+
+
+def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_tiny_dir, turns_file, tmp_path):
+    """--dtype bfloat16: where the check shows a verification decodes bitwise as one token does,
+    speculative output is compared with plain decoding on that forward (HF's own bf16 forward is
+    not row-invariant); where it does not, eval refuses in one line before any prompt runs."""
+    from eagle3cli.fast_target import FastTarget, row_invariant
+    from eagle3cli.target import TargetSpec, load_target
+
+    exact = row_invariant(FastTarget(load_target(TargetSpec(model=str(smol_tiny_dir), dtype="bfloat16")), 64), 7)
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "12",
+                            "--tree", "6,3,2", "--dtype", "bfloat16"])
+    if not exact:
+        assert r.exit_code != 0 and "use --dtype float32" in r.output and not (out / "results.json").exists()
+        return
+    assert r.exit_code == 0, r.output
+    assert "7-row verification is bitwise one-token decoding here (checked)" in r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["target_dtype"] == "bfloat16" and res["lossless_reference"] == "fast plain decoding"
+    t = res["tasks"]["mini"]
+    assert t["path"] == "fast" and t["lossless"] is True and t["mismatches"] == [] and t["num_prompts"] == 3
+    assert set(t["fast_differs_from_hf"]) <= {"7/turn1", "7/turn2", "8", "9"}
+
+
+def test_eval_dtype_auto_falls_back_to_fp32_when_bf16_is_not_exact(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
+    from eagle3cli import fast_target
+
+    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(fast_target, "row_invariant", lambda fast, rows, **kw: False)
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "8",
+                            "--mode", "chain", "--steps", "2", "--limit", "1"])
+    assert r.exit_code == 0, r.output
+    assert "--dtype auto: bfloat16" in r.output and "--dtype auto falls back to float32" in r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["target_dtype"] == "float32" and res["lossless_reference"] == "hf generate"
+    assert res["tasks"]["mini"]["lossless"] is True and res["tasks"]["mini"]["fast_differs_from_hf"] == []
 
 
 def test_eval_rejects_mismatched_draft(smol_tiny_dir, turns_file, tmp_path):

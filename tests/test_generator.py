@@ -468,3 +468,50 @@ def test_fast_path_refuses_what_it_cannot_run():
     assert FastTarget.supports(tiny_model("llama")) is None
     with pytest.raises(ValueError, match="fast path does not support"):
         FastTarget(tiny_model("phi3"), 16)
+
+
+def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding():
+    """With bf16 weights the fast path's attention runs in float64 (its cache too), so that a chain
+    or tree verification gives bitwise the logits of one-token decoding; greedy speculative output
+    then equals plain decoding on the same forward token for token, near-ties included."""
+    from eagle3cli.fast_target import row_invariant
+
+    target = tiny_model("llama").to(torch.bfloat16)
+    fast = FastTarget(target, 128)
+    assert fast.low_precision and fast.k.dtype == torch.float64 and fast.head.weight.dtype == torch.bfloat16
+    if not row_invariant(fast, 16):
+        pytest.skip("this CPU's bf16 matmuls depend on the row count (eval then refuses bf16; test_evaluate)")
+    assert all(row_invariant(fast, n, prefix=p) for n, p in ((2, 5), (7, 40), (13, 3)))
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    accepted = 0
+    for i in range(3):
+        ids = prompt(30 + i)
+        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS, fast=fast)
+        for kw in (dict(mode="tree", total_tokens=15, depth=4, top_k=3), dict(mode="chain", steps=3)):
+            out = speculative_generate(target, oracle, ids, max_new_tokens=30, eos_token_id=NO_EOS, fast=fast, **kw)
+            assert out.path == "fast" and out.tokens == ref, f"{kw['mode']} prompt {i}"
+            accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > 10
+
+
+def test_row_invariant_catches_a_forward_that_depends_on_the_row_count():
+    """The start-up check fails when an n-row forward's logits differ from one-row decoding's in
+    the last bit (a chain) or only for tree nodes (a mask that leaks a sibling)."""
+    from eagle3cli.fast_target import row_invariant
+
+    target = tiny_model("llama").to(torch.bfloat16)
+    fast = FastTarget(target, 64)
+    head = fast.head
+    fast.head = lambda x: head(x) + (x.shape[0] > 1) * 2 ** -6  # one bf16 step near 1: more rows, other logits
+    assert not row_invariant(fast, 4)
+    fast.head = head
+    forward = fast.forward
+
+    def leaky(ids, positions, past, mask=None, **kw):  # tree masks lose their first sibling exclusion
+        if mask is not None and mask.shape[0] > 2:
+            mask = mask.clone()
+            mask[2, past + 1] = True
+        return forward(ids, positions, past, mask=mask, **kw)
+
+    fast.forward = leaky
+    assert not row_invariant(fast, 4)

@@ -48,13 +48,11 @@ def _no_tasks(opts: EvalOptions) -> dict:
 def _run_ours(opts: EvalOptions, spec) -> dict:
     """Our generator on every task: checks the draft against the target before loading either."""
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..evaluate import EvalConfig, check_draft, load_task
-    from ..evaluate import evaluate as run_eval
+    from ..evaluate import EvalConfig, check_draft, evaluate_spec, load_task
     from ..formats import as_ours, read_draft
     from ..generator import check_supported
-    from ..target import load_config, load_target, load_tokenizer
+    from ..target import load_config, load_tokenizer
 
     cfg = EvalConfig.from_options(opts)
     target_config = load_config(spec)
@@ -62,11 +60,20 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     loaded = as_ours(opts.draft, target_config, say=lambda m: console.print(m, highlight=False))  # any format
     check_draft(loaded, target_config)
     n_prompts = sum(len(load_task(t, opts.data, opts.limit)[1]) for t in opts.task)  # fail early on bad tasks
-    target = load_target(spec)
     tokenizer = load_tokenizer(spec)
-    dev = next(target.parameters()).device
-    d, _ = read_draft(loaded, target=target, dtype=torch.float32, device=dev)  # norm_before_residual too
-    d.eval()
+
+    def draft_for(target):
+        d, _ = read_draft(loaded, target=target, dtype=torch.float32, device=next(target.parameters()).device)
+        return d.eval()  # read_draft: norm_before_residual too
+
+    return _with_progress(n_prompts, lambda advance: evaluate_spec(spec, tokenizer, draft_for, cfg, progress=advance,
+                                                                   log=lambda m: console.print(m, highlight=False)))
+
+
+def _with_progress(n_prompts: int, run):
+    """``run(advance)`` under a progress bar of ``n_prompts`` (one line per prompt in a log file)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
         job = bar.add_task("prompts", total=n_prompts)
@@ -78,7 +85,7 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
                 console.print(f"eval: {int(t.completed)}/{n_prompts} prompts, {int(t.elapsed or 0)} s",
                               highlight=False)
 
-        return run_eval(target, tokenizer, d, cfg, progress=advance, log=lambda m: console.print(m, highlight=False))
+        return run(advance)
 
 
 def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
