@@ -9,7 +9,9 @@ tokens after a prefix, on the HF forward (DynamicCache, what `eagle3 eval --fast
 and on the fast path (fast_target: static cache, fused and packed matmuls, what `eagle3 eval`
 runs by default; its matmuls MKL-packed for each size, and oneDNN-prepacked where oneDNN is
 available), HF as a ratio to its own n = 1, the fast path to its fastest n = 1. The two
-paths are timed in the same process, interleaved, on the same weights.
+paths are timed in the same process, interleaved, on the same weights. Where the CPU multiplies
+bf16 natively, a bf16 column follows: the fast path with bf16 weights and float64 attention
+(what `eagle3 eval --dtype auto` runs on AMX CPUs), as a ratio to its own one token and to fp32's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import time
 import torch
 
 from eagle3cli.evaluate import hardware
-from eagle3cli.fast_target import ONEDNN, FastTarget, Linear
+from eagle3cli.fast_target import ONEDNN, Decoder, FastTarget, Linear
+from eagle3cli.regenerate import has_bf16_matmul
 from eagle3cli.target import TargetSpec, load_target
 
 
@@ -84,6 +87,12 @@ def main():
             fast.decoder.repack((ONEDNN,))
             for n in sizes:
                 lat[n].append(fast_ms(n))
+        # bf16 (eval's --dtype auto on AMX CPUs): bf16 matmuls, attention in float64 (exact)
+        bf16 = None
+        if has_bf16_matmul():
+            fast = FastTarget(target, args.prefix + max(sizes) + 1, decoder=Decoder(target, dtype=torch.bfloat16))
+            fast.forward(ids[0], torch.arange(args.prefix), 0, logits="last")
+            bf16 = {n: fast_ms(n) for n in sizes}
     print(f"model {args.model}  prefix {args.prefix}  {hardware()}  ({platform.node()})")
     print(f"fast path, one row: MKL packed for one {packed_one:.1f} ms, unpacked (F.linear) {unpacked_one:.1f} ms"
           + (f", oneDNN {lat[1][2]:.1f} ms" if onednn and 1 in lat else "")
@@ -92,14 +101,18 @@ def main():
         lat[1][1] = min(lat[1][1], unpacked_one)
     one = min(lat[sizes[0]][1:])
     cols = f"{'new tokens':>10} {'hf ms':>8} {'x one':>6} {'mkl ms':>8} {'x one':>6}"
-    print(cols + (f" {'onednn ms':>9} {'x one':>6}" if onednn else "") + f" {'best/hf':>8}")
+    print(cols + (f" {'onednn ms':>9} {'x one':>6}" if onednn else "") + f" {'best/hf':>8}"
+          + (f" {'bf16 ms':>8} {'x own one':>9} {'x fp32 one':>10}" if bf16 else ""))
     h1 = lat[sizes[0]][0]
     for n in sizes:
         h, *f = lat[n]
         row = f"{n:>10} {h:8.1f} {h / h1:6.2f} {f[0]:8.1f} {f[0] / one:6.2f}"
         if onednn:
             row += f" {f[1]:9.1f} {f[1] / one:6.2f}"
-        print(row + f" {min(f) / h:8.2f}")
+        row += f" {min(f) / h:8.2f}"
+        if bf16:
+            row += f" {bf16[n]:8.1f} {bf16[n] / bf16[sizes[0]]:9.2f} {bf16[n] / one:10.2f}"
+        print(row)
 
 if __name__ == "__main__":
     main()

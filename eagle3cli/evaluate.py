@@ -510,7 +510,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         raise EvalError("no prompts to evaluate")
 
     fast, path_note = build_fast_target(target, cfg, max_pos)
-    log(f"verification path: {'fast (fast_target: static cache, packed matmuls)' if fast else 'hf'}"
+    what = (f"static cache, {str(fast.embed.dtype).removeprefix('torch.')} matmuls, float64 attention"
+            if fast is not None and fast.low_precision else "static cache, packed matmuls")
+    log(f"verification path: {f'fast (fast_target: {what})' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.

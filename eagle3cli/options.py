@@ -71,7 +71,8 @@ class TargetOptions:
 
     model: str | None = option(None, "Target model: a Hub id or a local folder.", short="-m")
     revision: str | None = option(None, "Hub revision (branch, tag or commit) of the target.")
-    dtype: str = option("auto", "auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")
+    dtype: str = option("auto", "auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
+                                "fast path bf16 on a CPU with AMX, checked exact at start-up).")
     device: str | None = option(None, "cpu, cuda, cuda:1 ... (default: cuda if available; under accelerate "
                                       "launch, each process's own).")
     load_in_8bit: bool = option(False, "Load the target 8-bit with bitsandbytes.")
@@ -198,9 +199,6 @@ class EvalOptions(TargetOptions):
     """``eagle3 eval``'s flags; :meth:`validate` refuses what cannot run, and
     ``evaluate.EvalConfig.from_options`` turns them into the library's settings."""
 
-    dtype: str = option("auto", "auto|bfloat16|float16|float32 (auto: bf16 on GPU; on a CPU bf16 where it has AMX "
-                                "and the fast path verifies greedily, checked to decode exactly as one-token "
-                                "decoding, else fp32).")
     draft: str = option(REQUIRED, "Draft directory (config.json + model.safetensors).", short="-d")
     task: list[str] = option(["mt_bench"], "mt_bench, gsm8k, humaneval, alpaca, sum, or a .jsonl turns file; "
                                            "repeatable.", short="-t")

@@ -63,7 +63,8 @@ def test_train_target_flags_are_the_shared_fields_left_unset_for_recipes():
         want = f.metadata["help"] if "(default:" in f.metadata["help"] else f"{f.metadata['help']} (default: {shown})"
         assert o.help == want
         assert o.default is None  # "not given": a recipe's value stands
-    assert opts["dtype"].help == "auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU). (default: auto)"
+    assert opts["dtype"].help == ("auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
+                                  "fast path bf16 on a CPU with AMX, checked exact at start-up). (default: auto)")
     assert opts["load_in_8bit"].secondary_opts == ["--no-load-in-8bit"]
     assert not opts["model"].required
 
