@@ -22,8 +22,8 @@ class QuickstartOptions:
     model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
     # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
     # 1,024 tokens (3 epochs) took 14.5 min on 2 AVX-512 AMD cores (gen-data 7.0 in bf16, train 4.2,
-    # eval 3.3) and 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32; docs/benchmarks.md,
-    # "Session 10" and "Session 11").
+    # eval 3.3), 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32) and 8.3 min on 2 AMX Xeon
+    # cores (gen-data 3.7 in bf16; docs/benchmarks.md, "Session 10" to "Session 12").
     samples: int | None = None  # training conversations: 300, or 600 without regenerate (each read once)
     steps: int = 180  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
     # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
