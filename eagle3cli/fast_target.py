@@ -11,7 +11,8 @@ runs the same model with the same weights and the same formulas (HF's own RoPE t
       cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
       -> rmsnorm -> [gate|up] one matmul -> silu(gate) * up -> down -> residual
 
-The cache is preallocated once ([layers, kv heads, max_len, head_dim]); keeping the accepted
+The cache is preallocated ([layers, kv heads, positions, head_dim], 1,024 positions, doubled when
+a sequence outgrows it, up to max_len); keeping the accepted
 tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
@@ -231,15 +232,26 @@ class FastTarget:
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim, self.hidden = d.n_heads, d.n_kv, d.head_dim, d.hidden
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
-        self.max_len = max_len
+        self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
+        # RoPE tables once for every position (small), so a row's tables never change as the cache grows
         self.cos, self.sin = d.rope(max_len)
-        shape = (len(self.layers), self.n_kv, max_len, self.head_dim)
         self.attn_dtype = attention_dtype(self.embed.dtype)
-        self.k = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
-        self.v = torch.zeros_like(self.k)
+        self.k = self.v = None
+        self._allocate(min(max_len, self.INITIAL_LEN))
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
+
+    INITIAL_LEN = 1024  # positions allocated at first: an 8,192-position float64 cache of SmolLM2 is 755 MB
+
+    def _allocate(self, length: int):
+        """(Re)allocate the KV cache for ``length`` positions, keeping what is cached."""
+        shape = (len(self.layers), self.n_kv, length, self.head_dim)
+        k = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
+        v = torch.zeros_like(k)
+        if self.k is not None:
+            k[:, :, :self.k.shape[2]], v[:, :, :self.v.shape[2]] = self.k, self.v
+        self.k, self.v = k, v
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None = None,
@@ -252,6 +264,8 @@ class FastTarget:
         n = ids.shape[0]
         if past + n > self.max_len:
             raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
+        if past + n > self.k.shape[2]:  # grow by doubling: a copy per doubling, not per token
+            self._allocate(min(self.max_len, max(2 * self.k.shape[2], past + n)))
         x = self.embed[ids]  # [n, H]
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, hd]
         if mask is None and n > 1:

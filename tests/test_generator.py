@@ -515,3 +515,24 @@ def test_row_invariant_catches_a_forward_that_depends_on_the_row_count():
 
     fast.forward = leaky
     assert not row_invariant(fast, 4)
+
+
+def test_fast_target_cache_grows_keeping_what_it_holds(monkeypatch):
+    """The cache starts small and doubles when a sequence outgrows it, up to max_len: the logits
+    are bitwise those of a cache allocated whole, and past max_len it refuses."""
+    target = tiny_model("llama")
+    whole = FastTarget(target, 64)
+    monkeypatch.setattr(FastTarget, "INITIAL_LEN", 8)
+    grown = FastTarget(target, 40, decoder=whole.decoder)
+    assert grown.k.shape[2] == 8 and whole.k.shape[2] == 64
+    ids = prompt(5, n=40)[0]
+    with torch.no_grad():
+        for f in (whole, grown):
+            f.forward(ids[:6], torch.arange(6), 0)
+        for past in range(6, 38, 3):  # 3 new tokens at a time: grows at 9 (to 16), 18 (to 32) and 33 (to 40)
+            a, _ = whole.forward(ids[past:past + 3], torch.arange(past, past + 3), past)
+            b, _ = grown.forward(ids[past:past + 3], torch.arange(past, past + 3), past)
+            assert torch.equal(a, b), past
+        assert grown.k.shape[2] == 40 and torch.equal(grown.k, whole.k[:, :, :40])
+        with pytest.raises(ValueError, match="holds 40 positions"):
+            grown.forward(ids[:3], torch.arange(38, 41), 38)
