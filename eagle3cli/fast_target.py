@@ -209,11 +209,13 @@ def attention_dtype(dtype: torch.dtype) -> torch.dtype:
     """What the fast path's attention (and its KV cache) computes in for a decoder in ``dtype``.
 
     float64 under bf16/fp16 weights, so that a verification decodes exactly what one-token
-    decoding decodes. Those matmuls are row-invariant on the CPU (a row's result does not depend
-    on how many rows share the call), but attention in low precision is not: its reductions over
-    the keys round differently with the key count and the tree mask, which moves bf16 logits by up
-    to 0.6 (docs/benchmarks.md, session 12) and flips near-ties. In float64 the differences
-    (~1e-16) vanish when the output is rounded back to bf16; ``row_invariant`` checks it at start-up.
+    decoding decodes. oneDNN's bf16 matmuls of SmolLM2's shapes are row-invariant on an AMX Xeon (a
+    row's result does not depend on how many rows share the call: none of 91M elements differs),
+    but attention in low precision is not: its reductions over the keys round differently with the
+    key count and the tree mask, which moves bf16 logits by up to 0.6 (docs/benchmarks.md, session
+    12) and flips near-ties. In float64 the differences (~1e-16) vanish when the output is rounded
+    back to bf16. Row-invariance of the matmuls is the CPU library's, shape by shape (a 64x64 one
+    differs in 7 of 204,800 elements there), so ``row_invariant`` checks the whole forward at start-up.
     """
     return torch.float64 if dtype in (torch.bfloat16, torch.float16) else dtype
 
