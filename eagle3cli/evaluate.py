@@ -432,15 +432,15 @@ class NotRowInvariant(EvalError):
     """The low-precision fast path's verification is not bitwise one-token decoding on this CPU."""
 
 
-def check_exact(fast, settings, log=print) -> bool | None:
-    """For a bf16/fp16 fast path: that verifying this run's row count decodes bitwise what one-token
-    decoding does (``fast_target.row_invariant``), else no lossless claim could hold; raises
-    NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-5)."""
+def check_exact(fast, settings, log=print, rows: int | None = None) -> bool | None:
+    """For a bf16/fp16 fast path: that verifying this run's row count (or ``rows``) decodes bitwise
+    what one-token decoding does (``fast_target.row_invariant``), else no lossless claim could hold;
+    raises NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-4)."""
     from .fast_target import row_invariant
 
     if fast is None or not fast.low_precision:
         return None
-    (rows,) = verification_rows(settings)
+    rows = rows or verification_rows(settings)[0]
     if not row_invariant(fast, rows):
         raise NotRowInvariant(f"in {str(fast.embed.dtype).removeprefix('torch.')} on this CPU a {rows}-row "
                               f"verification does not give bitwise the logits of one-token decoding, so "
@@ -517,7 +517,8 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)
-    exact = None if tree_auto else check_exact(fast, settings, log)
+    # tree auto checks 16 rows before its calibration (a failure then costs nothing) and its pick after
+    exact = check_exact(fast, settings, log, rows=16 if tree_auto else None)
 
     def spec(ids, s=settings, seed=cfg.seed):
         return speculative_generate(target, drafter, ids, s, seed=seed, fast=fast)
