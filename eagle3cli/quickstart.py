@@ -23,9 +23,10 @@ class QuickstartOptions:
     # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
     # 1,024 tokens (3 epochs) took 14.5 min on 2 AVX-512 AMD cores (gen-data 7.0 in bf16, train 4.2,
     # eval 3.3), 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32) and 8.3 min on 2 AMX Xeon
-    # cores (gen-data 3.7 in bf16; docs/benchmarks.md, "Session 10" to "Session 12").
-    samples: int | None = None  # training conversations: 300, or 600 without regenerate (each read once)
-    steps: int = 180  # optimizer steps of max_tokens tokens each (TTT 3 costs half of TTT 7 per step)
+    # cores (gen-data 3.7 in bf16), where twice both took 16.9 min (docs/benchmarks.md, "Session 10"
+    # to "Session 12"): ``default_size``.
+    samples: int | None = None  # training conversations (None: ``default_size``)
+    steps: int | None = None  # optimizer steps of max_tokens tokens each (None: ``default_size``)
     # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
     # (gen-data --regen-dtype auto, 155 tokens/s here). --no-regenerate trains on the dataset's
     # own text instead, online (the target is the teacher at every position either way): the
@@ -181,9 +182,31 @@ def _export(opts: QuickstartOptions, base_model: str, draft: Path, log) -> Path:
     return out
 
 
+def default_size(opts: QuickstartOptions) -> tuple[int, int, str]:
+    """(conversations, steps, why) where --samples / --steps are not given.
+
+    300 regenerated conversations and 180 steps fit 20 minutes on every 2-core CPU measured (14.5
+    min with AVX512-BF16, 18.8 with AVX2 only). On a CPU with AMX, SmolLM2 regenerates at ~270
+    tokens/s in bf16, so twice both fit too: 16.9 min, held-out simulated tau 1.44 against 1.33
+    and speedup 1.20x against 1.15x (docs/benchmarks.md, "Session 12"). Another --model keeps the
+    smaller size. Without regenerate: 600 conversations, each read once.
+    """
+    from .fast_target import has_amx_bf16
+
+    if not opts.regenerate:
+        return 600, 180, "read once, online"
+    if opts.model is None and has_amx_bf16():
+        return 600, 360, "this CPU has AMX: SmolLM2 regenerates in bf16 at ~270 tokens/s"
+    return 300, 180, "sized for 20 minutes on 2 cores"
+
+
 def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
     opts.out = Path(opts.out)
-    opts.samples = opts.samples or (300 if opts.regenerate else 600)
+    samples, steps, why = default_size(opts)
+    if opts.samples is None or opts.steps is None:
+        log(f"size: {opts.samples or samples} conversations, {opts.steps or steps} training steps "
+            f"({why}; --samples / --steps to choose)")
+    opts.samples, opts.steps = opts.samples or samples, opts.steps or steps
     opts.out.mkdir(parents=True, exist_ok=True)
     t, seconds = time.perf_counter(), {}
 

@@ -72,3 +72,19 @@ def test_quickstart_without_regeneration_trains_online_on_the_datasets_text(smol
     trained = json.loads((res.draft / "config.json").read_text())["eagle3_training"]
     assert (trained["mode"], trained["ttt_warmup"], trained["steps"]) == ("online", 2, 8)
     assert res.results["tasks"]["mt_bench"]["lossless"] is True
+
+
+def test_quickstart_size_doubles_on_amx_for_smollm2_only(monkeypatch):
+    """300 regenerated conversations and 180 steps by default; twice both where the CPU has AMX
+    and the target is the default SmolLM2 (regeneration ~2x faster there); 600 read once without
+    regeneration; --samples / --steps always win (run() keeps them)."""
+    from eagle3cli import fast_target
+    from eagle3cli.quickstart import default_size
+
+    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: False)
+    assert default_size(QuickstartOptions())[:2] == (300, 180)
+    assert default_size(QuickstartOptions(regenerate=False))[:2] == (600, 180)
+    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
+    assert default_size(QuickstartOptions())[:2] == (600, 360)
+    assert default_size(QuickstartOptions(model="other/model"))[:2] == (300, 180)
+    assert default_size(QuickstartOptions(regenerate=False))[:2] == (600, 180)

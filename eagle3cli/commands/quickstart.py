@@ -16,8 +16,10 @@ def quickstart(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
     samples: Optional[int] = typer.Option(None, "--samples",
-                                          help="Training conversations (ShareGPT). (default: 300; 600 with --no-regenerate)"),
-    steps: int = typer.Option(QuickstartOptions.steps, "--steps", help="Training steps (1024 tokens each, 3 TTT steps)."),
+                                          help="Training conversations (ShareGPT). (default: 300; 600 with "
+                                               "--no-regenerate, or on a CPU with AMX for SmolLM2)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (1024 tokens each, 3 TTT steps). "
+                                                                "(default: 180; 360 on a CPU with AMX for SmolLM2)"),
     regenerate: bool = typer.Option(QuickstartOptions.regenerate, "--regenerate/--no-regenerate",
                                     help="Have the target answer the prompts (--no-regenerate: train online "
                                          "on ShareGPT's own text with the target as teacher, 600 conversations; "
