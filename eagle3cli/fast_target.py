@@ -205,10 +205,12 @@ class Decoder:
         return cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype)
 
 
-def attention_dtype(dtype: torch.dtype) -> torch.dtype:
+def attention_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
     """What the fast path's attention (and its KV cache) computes in for a decoder in ``dtype``.
 
-    float64 under bf16/fp16 weights, so that a verification decodes exactly what one-token
+    ``dtype`` itself on a GPU (float64 is slow there, and its bf16 GEMMs change with the row count
+    anyway: eval then compares with HF generate as in fp32). On a CPU, float64 under bf16/fp16
+    weights, so that a verification decodes exactly what one-token
     decoding decodes. oneDNN's bf16 matmuls of SmolLM2's shapes are row-invariant on an AMX Xeon (a
     row's result does not depend on how many rows share the call: none of 91M elements differs),
     but attention in low precision is not: its reductions over the keys round differently with the
@@ -217,7 +219,8 @@ def attention_dtype(dtype: torch.dtype) -> torch.dtype:
     back to bf16. Row-invariance of the matmuls is the CPU library's, shape by shape (a 64x64 one
     differs in 7 of 204,800 elements there), so ``row_invariant`` checks the whole forward at start-up.
     """
-    return torch.float64 if dtype in (torch.bfloat16, torch.float16) else dtype
+    low = dtype in (torch.bfloat16, torch.float16)
+    return torch.float64 if low and torch.device(device).type == "cpu" else dtype
 
 
 class FastTarget:
@@ -237,7 +240,7 @@ class FastTarget:
         self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
         # RoPE tables once for every position (small), so a row's tables never change as the cache grows
         self.cos, self.sin = d.rope(max_len)
-        self.attn_dtype = attention_dtype(self.embed.dtype)
+        self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         self.k = self.v = None
         self._allocate(min(max_len, self.INITIAL_LEN))
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -302,7 +305,7 @@ class FastTarget:
 
     @property
     def low_precision(self) -> bool:
-        """Whether the weights are bf16/fp16 (attention then in float64: ``attention_dtype``)."""
+        """Whether the weights are bf16/fp16 and attention runs in float64 (on a CPU: ``attention_dtype``)."""
         return self.attn_dtype != self.embed.dtype
 
     def keep(self, past: int, keep: torch.Tensor):

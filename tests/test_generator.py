@@ -497,6 +497,14 @@ def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch):
     assert accepted > 10
 
 
+def test_float64_attention_is_for_low_precision_on_a_cpu_only():
+    from eagle3cli.fast_target import attention_dtype
+
+    assert attention_dtype(torch.bfloat16) == attention_dtype(torch.float16, "cpu") == torch.float64
+    assert attention_dtype(torch.float32) == torch.float32
+    assert attention_dtype(torch.bfloat16, "cuda:0") == torch.bfloat16  # GPU: as before, HF generate the reference
+
+
 def test_row_invariant_catches_a_forward_that_depends_on_the_row_count():
     """The start-up check fails when an n-row forward's logits differ from one-row decoding's in
     the last bit (a chain) or only for tree nodes (a mask that leaks a sibling)."""
