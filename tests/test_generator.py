@@ -485,6 +485,9 @@ def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch):
         pytest.skip("a bf16 matmul of this model's shapes depends on the row count on this CPU (eval then "
                     "refuses bf16: test_evaluate)")
     assert all(row_invariant(fast, n, prefix=p) for n, p in ((2, 5), (7, 40), (13, 3)))
+    assert row_invariant(FastTarget(target, 20), 16)  # a short cache: checked behind a shorter prefix
+    with pytest.raises(ValueError, match="more than the cache's 16 positions"):
+        row_invariant(FastTarget(target, 16), 16)
     oracle = Oracle(target, sharpen=1.0, noise=0.03)
     accepted = 0
     for i in range(3):
