@@ -232,7 +232,8 @@ def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24
         rounds()
     if not decoder.packable():  # bf16: unpacked
         rounds()
-    for n in sizes if decoder.packable() else ():  # MKL: a copy packed for each size
+        return lat
+    for n in sizes:  # MKL: a copy packed for each size
         decoder.repack((n,))
         once(n)
         lat[n] = min(lat[n], *(once(n) for _ in range(repeats)))

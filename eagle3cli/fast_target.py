@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .hf_utils import text_config
+from .tree import new_tree, verify_mask
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
@@ -316,10 +317,15 @@ class FastTarget:
         self.v[:, :, dst] = self.v[:, :, src]
 
 
+def cpu_has(feature: str) -> bool:
+    """torch's own probe ``torch.cpu._is_<feature>_supported`` (False where this torch lacks it)."""
+    probe = getattr(torch.cpu, f"_is_{feature}_supported", None)
+    return bool(probe is not None and probe())
+
+
 def has_amx_bf16() -> bool:
     """Whether this CPU has Intel's AMX tiles, where bf16 matmuls of 1-16 rows cost about one row's."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe is not None and probe())
+    return cpu_has("amx_tile")
 
 
 @torch.no_grad()
@@ -339,25 +345,30 @@ def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) 
     ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=g).to(fast.embed.device)
     fast.forward(ids[:prefix], torch.arange(prefix, device=ids.device), 0, logits="last")
 
-    def one_by_one(path: list[int], tokens: torch.Tensor) -> torch.Tensor:
+    def one_by_one(path: list[int]) -> torch.Tensor:
+        """Logits of decoding ``new[path]`` one token at a time behind the prefix."""
         at = lambda d: torch.tensor([prefix + d], device=ids.device)  # noqa: E731
-        return torch.cat([fast.forward(tokens[i:i + 1], at(d), prefix + d)[0] for d, i in enumerate(path)])
+        return torch.cat([fast.forward(new[i:i + 1], at(d), prefix + d)[0] for d, i in enumerate(path)])
 
     new = ids[prefix:]
     chain, _ = fast.forward(new, torch.arange(prefix, prefix + rows, device=ids.device), prefix)
-    if not torch.equal(chain, one_by_one(list(range(rows)), new)):
+    if not torch.equal(chain, one_by_one(list(range(rows)))):
         return False
-    parents = [-1] + [(i - 1) // 2 for i in range(1, rows)]
-    paths = [[0]]
+    # A binary tree, masked as the generator masks a verification (tree.verify_mask); each leaf's
+    # path decoded one token at a time covers every node on it.
+    tree = new_tree(int(new[0]))
     for i in range(1, rows):
-        paths.append(paths[parents[i]] + [i])
-    mask = torch.zeros(rows, prefix + rows, dtype=torch.bool, device=ids.device)
-    mask[:, :prefix] = True
-    for i, path in enumerate(paths):
-        mask[i, [prefix + j for j in path]] = True
-    depth = torch.tensor([len(path) - 1 for path in paths], device=ids.device)
-    tree, _ = fast.forward(new, prefix + depth, prefix, mask=mask)
-    return all(torch.equal(tree[i], one_by_one(path, new)[-1]) for i, path in enumerate(paths))
+        tree.add(int(new[i]), (i - 1) // 2, 0.0)
+    depth = torch.tensor(tree.depths, device=ids.device)
+    logits, _ = fast.forward(new, prefix + depth, prefix, mask=verify_mask(tree, prefix, ids.device)[0, 0])
+    for leaf in (i for i in range(rows) if not tree.children[i]):
+        path = [leaf]
+        while tree.parents[path[-1]] >= 0:
+            path.append(tree.parents[path[-1]])
+        path.reverse()
+        if not torch.equal(logits[path], one_by_one(path)):
+            return False
+    return True
 
 
 def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:

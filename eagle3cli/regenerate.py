@@ -41,10 +41,9 @@ class GenSettings:
 def has_bf16_matmul() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16, which every AMX-BF16 CPU also has):
     oneDNN then runs torch's bf16 matmuls in hardware instead of converting to fp32."""
-    import torch
+    from .fast_target import cpu_has
 
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(probe is not None and probe())
+    return cpu_has("avx512_bf16")
 
 
 def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = False) -> str:
