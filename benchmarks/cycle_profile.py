@@ -7,7 +7,7 @@ Runs ``speculative_generate`` on the fast path, as ``eagle3 eval`` does, on the 
 ``--limit`` prompts, with the drafter's parts wrapped in timers: ``observe`` (the accepted
 tokens' features in: fc + one layer step + head), ``expand`` (one tree level: a layer step +
 head over its nodes), and inside them the layer step, the draft head and the rest of the
-log-softmax / scatter into the target vocabulary. Prints ms per cycle next to the generator's
+log-softmax over the draft vocabulary. Prints ms per cycle next to the generator's
 own draft / verify / bookkeeping split. ``--draft-dtype`` casts the draft (its proposals only:
 the output stays the target's greedy one).
 """
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     rest = spent.get("_logq", 0.0) - spent.get("logits", 0.0)
     print(f"  draft parts: observe {per(spent.get('observe', 0)):.2f} ms, expand {per(spent.get('expand', 0)):.2f} ms; "
           f"layer steps {per(spent.get('step', 0)):.2f}, head {per(spent.get('logits', 0)):.2f}, "
-          f"softmax + scatter {per(rest):.2f}, fc {per(spent.get('fuse', 0)):.2f} ms")
+          f"log-softmax {per(rest):.2f}, fc {per(spent.get('fuse', 0)):.2f} ms")
     return 0
 
 

@@ -196,10 +196,12 @@ class Rotary(nn.Module):
 
 
 class KVCache:
-    """The draft's own cache: keys/values of the verified prefix plus drafted nodes."""
+    """The draft's own cache: keys/values of the verified prefix plus drafted nodes, KV heads
+    already repeated to the query heads (grouped-query attention is expanded once per new row,
+    not once per step over the whole prefix)."""
 
     def __init__(self):
-        self.k: torch.Tensor | None = None  # [B, kv_heads, L, head_dim]
+        self.k: torch.Tensor | None = None  # [B, heads, L, head_dim]
         self.v: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -221,6 +223,52 @@ class KVCache:
         """Keep the cache entries at positions ``keep`` (1-D index tensor), in that order."""
         if self.k is not None:
             self.k, self.v = self.k[:, :, keep], self.v[:, :, keep]
+
+
+class DecodeCache(KVCache):
+    """The drafter's cache at inference: preallocated, doubled when full, so a step writes its
+    new rows in place instead of copying the whole prefix (``KVCache.append`` concatenates, which
+    autograd needs in training). ``k``/``v`` are views of the filled part."""
+
+    def __init__(self, capacity: int = 256):
+        super().__init__()
+        self.capacity, self.n = capacity, 0
+        self._k = self._v = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _grow(self, like: torch.Tensor, need: int):
+        cap = max(need, 2 * self.capacity if self._k is not None else self.capacity)
+        b, h, _, d = like.shape
+        k, v = like.new_empty(b, h, cap, d), like.new_empty(b, h, cap, d)
+        if self._k is not None:
+            k[:, :, : self.n], v[:, :, : self.n] = self._k[:, :, : self.n], self._v[:, :, : self.n]
+        self._k, self._v, self.capacity = k, v, cap
+
+    def _views(self):
+        self.k, self.v = self._k[:, :, : self.n], self._v[:, :, : self.n]
+        return self.k, self.v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor):
+        need = self.n + k.shape[2]
+        if self._k is None or need > self._k.shape[2]:
+            self._grow(k, need)
+        self._k[:, :, self.n: need], self._v[:, :, self.n: need] = k, v
+        self.n = need
+        return self._views()
+
+    def crop(self, n: int):
+        if self._k is not None:
+            self.n = min(self.n, n)
+            self._views()
+
+    def select(self, keep: torch.Tensor):
+        if self._k is not None:
+            k, v = self._k[:, :, keep], self._v[:, :, keep]  # a gather copies, so the write is safe
+            self.n = len(keep)
+            self._k[:, :, : self.n], self._v[:, :, : self.n] = k, v
+            self._views()
 
 
 class Attention(nn.Module):
@@ -389,11 +437,10 @@ class Eagle3Draft(nn.Module):
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
         x = layer.attn_input(emb, hidden)
         cos, sin = self.rotary(position_ids, x.dtype)
-        q, k, v = layer.self_attn.qkv(x, cos, sin)
-        past = len(cache)
-        k_all, v_all = cache.append(k, v)
         attn = layer.self_attn
-        k_all, v_all = attn.expand_kv(k_all), attn.expand_kv(v_all)
+        q, k, v = attn.qkv(x, cos, sin)
+        past = len(cache)
+        k_all, v_all = cache.append(attn.expand_kv(k), attn.expand_kv(v))
         if attn_mask is None:
             t = input_ids.shape[1]
             attn_mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)

@@ -45,6 +45,10 @@ from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
 
 
 class Drafter(Protocol):
+    """Proposes tokens. ``observe`` and ``expand`` return log-probabilities [C] / [n, C] over the
+    drafter's C columns; an optional ``token_ids`` attribute ([C] target ids) names the token of
+    each column, absent or None when the columns are the target's vocabulary."""
+
     def begin(self, input_ids: torch.Tensor) -> None: ...
     def observe(self, next_tokens: torch.Tensor, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor: ...
     def expand(self, tree: Tree, nodes: list[int]) -> torch.Tensor: ...
@@ -71,13 +75,15 @@ class EagleDrafter:
     """
 
     def __init__(self, draft):
-        from .draft import KVCache
+        from .draft import DecodeCache
 
         self.draft = draft
         self.layer_ids = tuple(draft.config.aux_layer_ids)
         self.vocab = draft.config.vocab_size
-        self.target_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
-        self._kvcache = KVCache
+        # log q stays over the draft vocabulary (8k columns, not the target's 49k): the tree's top-k
+        # reads it there and maps the winners through token_ids
+        self.token_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
+        self._kvcache = DecodeCache
         self.begin(None)
 
     def begin(self, input_ids=None):
@@ -88,10 +94,7 @@ class EagleDrafter:
         self.node_slot: dict[int, int] = {}
 
     def _logq(self, a: torch.Tensor) -> torch.Tensor:
-        lp = torch.log_softmax(self.draft.logits(a).float(), dim=-1)
-        out = torch.full((a.shape[0], self.vocab), float("-inf"), device=a.device)
-        out[:, self.target_ids] = lp
-        return out
+        return torch.log_softmax(self.draft.logits(a).float(), dim=-1)
 
     def observe(self, next_tokens, hidden_states):
         self.rollback()

@@ -82,15 +82,34 @@ def verify_mask(tree: Tree, past: int, device=None) -> torch.Tensor:
     return torch.cat([prefix, anc], dim=1)[None, None]
 
 
+def token_ids(drafter) -> torch.Tensor | None:
+    """The target ids of the drafter's log-q columns (None: its columns are the target vocabulary)."""
+    return getattr(drafter, "token_ids", None)
+
+
+def target_logq(drafter, logq: torch.Tensor) -> torch.Tensor:
+    """``logq`` [n, C] over the drafter's columns spread over the target vocabulary (-inf elsewhere):
+    rejection sampling compares q with the target's p token by token."""
+    ids = token_ids(drafter)
+    if ids is None:
+        return logq
+    out = logq.new_full((logq.shape[0], drafter.vocab), float("-inf"))
+    out[:, ids] = logq
+    return out
+
+
 def build_greedy_tree(drafter, root_token: int, root_logq: torch.Tensor, total_tokens: int, depth: int,
                       top_k: int) -> Tree:
     """EAGLE-2: expand the top_k best nodes per level for ``depth`` levels, keep the best total_tokens."""
     cand = new_tree(root_token)
     frontier, logq = [0], root_logq[None]
+    ids = token_ids(drafter)
     for level in range(1, depth + 1):
         if level > 1:
             logq = drafter.expand(cand, frontier)
         vals, toks = logq.float().topk(min(top_k, logq.shape[-1]), dim=-1)
+        if ids is not None:
+            toks = ids[toks]
         new = []
         for row, parent in enumerate(frontier):
             for v, t in zip(vals[row].tolist(), toks[row].tolist()):
@@ -135,11 +154,11 @@ def build_sampled_tree(drafter, root_token: int, root_logq: torch.Tensor, total_
                        top_k: int, temperature: float, gen: torch.Generator) -> Tree:
     """A tree for rejection sampling: children drawn from q without replacement, counts fixed first."""
     tree = new_tree(root_token)
-    frontier, logq = [0], root_logq[None]
+    frontier, logq = [0], target_logq(drafter, root_logq[None])
     used = 0
     for level in range(1, depth + 1):
         if level > 1:
-            logq = drafter.expand(tree, frontier)
+            logq = target_logq(drafter, drafter.expand(tree, frontier))
         budget = math.ceil((total_tokens - used) / (depth - level + 1))
         counts = level_allocation([tree.scores[f] for f in frontier], budget, top_k)
         new = []

@@ -2,7 +2,7 @@ import pytest
 import torch
 from tiny import ARCHS, tiny_config, tiny_model
 
-from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.draft import DecodeCache, DraftConfig, Eagle3Draft, KVCache
 
 
 def make_draft(arch="llama", draft_vocab=100, seed=0):
@@ -59,6 +59,33 @@ def test_cached_steps_equal_full_forward():
     assert len(cache) == 8
     cache.crop(5)
     assert len(cache) == 5
+
+
+def test_decode_cache_equals_concatenating_cache():
+    """The drafter's preallocated cache holds exactly what KVCache's concatenations hold, through
+    growth past its capacity, crops (a rejected tree) and selects, and steps read it bitwise alike."""
+    _, d = make_draft()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (1, 12), generator=gen)
+    g = d.fuse(torch.randn(1, 12, 192, generator=gen))
+    pos = torch.arange(12)[None]
+    plain, fixed = KVCache(), DecodeCache(capacity=3)
+    for lo, hi in ((0, 5), (5, 6), (6, 9)):  # 5 rows already overflow 3: the buffer grows
+        a = d.step(ids[:, lo:hi], g[:, lo:hi], pos[:, lo:hi], plain)
+        b = d.step(ids[:, lo:hi], g[:, lo:hi], pos[:, lo:hi], fixed)
+        assert torch.equal(a, b) and len(plain) == len(fixed) == hi
+    for c in (plain, fixed):
+        c.crop(7)
+    assert torch.equal(plain.k, fixed.k) and torch.equal(plain.v, fixed.v) and len(fixed) == 7
+    keep = torch.tensor([0, 1, 2, 4, 6])
+    for c in (plain, fixed):
+        c.select(keep)
+    assert torch.equal(plain.k, fixed.k) and torch.equal(plain.v, fixed.v) and len(fixed) == 5
+    a = d.step(ids[:, 9:], g[:, 9:], pos[:, 5:8], plain)
+    b = d.step(ids[:, 9:], g[:, 9:], pos[:, 5:8], fixed)
+    assert torch.equal(a, b) and fixed.capacity >= 8
+    # the cache stores KV heads repeated to the query heads, once per row
+    assert fixed.k.shape[1] == d.config.num_attention_heads
 
 
 def test_rope_matches_transformers_llama3_scaling():

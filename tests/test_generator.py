@@ -18,7 +18,7 @@ from eagle3cli.generator import (
     target_probs,
 )
 from eagle3cli.layers import default_layer_ids
-from eagle3cli.tree import build_greedy_tree, new_tree
+from eagle3cli.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
 from tiny import tiny_model
 
 NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
@@ -179,6 +179,61 @@ def test_draft_tree_matches_sequential_draft():
         got_token = tree.tokens[child]
         assert draft.draft_to_target(expected.argmax()).item() == got_token
         assert tree.scores[child] == pytest.approx(tree.scores[node] + expected.max().item(), abs=1e-4)
+
+
+class FullVocab:
+    """EagleDrafter with its log q spread over the whole target vocabulary, as it returned before."""
+
+    def __init__(self, drafter):
+        self.inner = drafter
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name) if name != "token_ids" else None
+
+    def observe(self, *a):
+        return target_logq(self.inner, self.inner.observe(*a)[None])[0]
+
+    def expand(self, *a):
+        return target_logq(self.inner, self.inner.expand(*a))
+
+
+@pytest.mark.parametrize("keep_every", [2, 4])
+@torch.no_grad()
+def test_tree_from_draft_vocab_equals_tree_from_target_vocab(keep_every):
+    """The greedy tree's top-k over the 1/keep_every draft columns picks the same tokens with the same
+    scores, in the same order, as over the target vocabulary with -inf outside the draft's."""
+    target = tiny_model("llama")
+    draft = random_draft(target, keep_every=keep_every)
+    ids = prompt(3, n=9)
+    out = target(input_ids=ids, output_hidden_states=True)
+    root = int(out.logits[0, -1].argmax())
+    nxt = torch.cat([ids[0, 1:], torch.tensor([root])])
+    trees = []
+    for drafter in (EagleDrafter(draft), FullVocab(EagleDrafter(draft))):
+        drafter.begin(ids)
+        logq = drafter.observe(nxt, out.hidden_states)
+        trees.append(build_greedy_tree(drafter, root, logq, total_tokens=20, depth=3, top_k=4))
+    compact, full = trees
+    assert compact.tokens == full.tokens and compact.parents == full.parents and compact.scores == full.scores
+    assert all(t % keep_every == 0 for t in compact.tokens[1:])  # only draft-vocabulary tokens
+
+
+@torch.no_grad()
+def test_sampled_tree_keeps_q_over_the_target_vocabulary():
+    """Rejection sampling compares q with p token by token: the tree stores q over all target ids."""
+    target = tiny_model("llama")
+    draft = random_draft(target)
+    drafter = EagleDrafter(draft)
+    ids = prompt(4, n=9)
+    out = target(input_ids=ids, output_hidden_states=True)
+    drafter.begin(ids)
+    logq = drafter.observe(torch.cat([ids[0, 1:], torch.tensor([5])]), out.hidden_states)
+    assert logq.shape == (draft.config.draft_vocab_size,)
+    tree = build_sampled_tree(drafter, 5, logq, 6, 2, 3, 1.0, torch.Generator().manual_seed(0))
+    q = tree.q[0]
+    assert q.shape == (target.config.vocab_size,)
+    torch.testing.assert_close(q[drafter.token_ids], logq.exp())
+    assert float(q.sum()) == pytest.approx(1.0, abs=1e-5) and float(q[1::2].sum()) == 0.0
 
 
 def test_accept_sampling_exact_on_synthetic_tree():
