@@ -403,6 +403,20 @@ def pack_for_run(fast, settings, log=print) -> dict | None:
     return tuned
 
 
+def pack_drafter(drafter, settings, log=print) -> dict | None:
+    """Pack the draft's matmuls for the tree's levels (top_k nodes each) where that measures faster
+    (``EagleDrafter.pack``); None where no level has several nodes or nothing packs."""
+    total, depth, top_k = settings.shape()
+    rows = min(top_k, total)
+    if depth < 2 or rows < 2 or not hasattr(drafter, "pack"):
+        return None
+    tuned = drafter.pack(rows)
+    if tuned:
+        log(f"draft packing for {rows}-node levels: {tuned['uses']} "
+            f"(ms per step: {', '.join(f'{k} {v}' for k, v in tuned['ms'].items())})")
+    return tuned
+
+
 def eval_dtype(spec, cfg: EvalConfig) -> str:
     """What ``--dtype auto`` loads the target in for our generator: bfloat16 on a CPU with AMX when
     the fast path verifies greedily there (a 16-row verification costs 1.3x one row in bf16 against
@@ -530,6 +544,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)
+    draft_packing = None if tree_auto else pack_drafter(drafter, settings, log)
     # tree auto checks 16 rows before its calibration (a failure then costs nothing) and its pick after
     exact = check_exact(fast, settings, log, rows=16 if tree_auto else None)
 
@@ -567,6 +582,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         auto["latency_path"] = "fast" if fast is not None else "hf"
         settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
         packing = pack_for_run(fast, settings, log)  # re-pack for the chosen verification size
+        draft_packing = pack_drafter(drafter, settings, log)
         exact = check_exact(fast, settings, log)
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
@@ -655,6 +671,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                      "steps": cfg.steps if cfg.mode == "chain" else None,
                      "tree_auto": auto},
         "fast_packing": packing,
+        "draft_packing": draft_packing,
         "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
         # what greedy speculative output is compared with: HF generate, or (low precision, where only
         # the fast path's forward is row-invariant) plain decoding on the fast path

@@ -122,9 +122,27 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
                             "--out", str(out), "--max-new-tokens", "8", "--mode", "chain", "--steps", "2",
                             "--limit", "2"])
     assert r.exit_code == 0, r.output
-    t = json.loads((out / "results.json").read_text())["tasks"]["mini"]
+    res = json.loads((out / "results.json").read_text())
+    t = res["tasks"]["mini"]
     assert t["num_prompts"] == 2 and t["lossless"] is True
     assert len(t["n_alpha"]) == 2
+    assert res["draft_packing"] is None  # a chain's levels are one node: nothing to pack
+
+
+def test_eval_tree_packs_the_drafts_levels_where_faster(smol_tiny_dir, turns_file, tmp_path):
+    """A tree of 4-node levels: the draft's 4-row steps are timed unpacked and packed, the faster
+    kept and recorded; the output stays the target's greedy one."""
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",
+                            "--data", str(turns_file), "--out", str(out), "--max-new-tokens", "8", "--limit", "2",
+                            "--tree", "10,3,4", "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    packed = res["draft_packing"]
+    assert packed["rows"] == 4 and packed["uses"] in packed["ms"] and "none" in packed["ms"]
+    assert packed["ms"][packed["uses"]] == min(packed["ms"].values())
+    assert res["tasks"]["mini"]["lossless"] is True
 
 
 def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_path, monkeypatch):

@@ -236,6 +236,49 @@ def test_sampled_tree_keeps_q_over_the_target_vocabulary():
     assert float(q.sum()) == pytest.approx(1.0, abs=1e-5) and float(q[1::2].sum()) == 0.0
 
 
+@pytest.mark.parametrize("kind", ["mkl", "onednn"])
+@torch.no_grad()
+def test_packed_draft_levels_give_the_same_tree(kind):
+    """The draft's linears packed for 4-row levels: 4-row calls within fp32 rounding of F.linear,
+    other row counts bitwise F.linear, the draft itself untouched, the same tree drafted."""
+    from eagle3cli.fast_target import ExactRowsLinear, Linear, with_packed_linears
+
+    target = tiny_model("llama")
+    draft = random_draft(target)
+    if not Linear.can_pack(draft.lm_head.weight, 4 if kind == "mkl" else kind):
+        pytest.skip(f"{kind} packing is not available here")
+    packed = with_packed_linears(draft, 4, kind)
+    assert isinstance(packed.lm_head, ExactRowsLinear) and isinstance(draft.lm_head, torch.nn.Linear)
+    assert packed.lm_head.weight is draft.lm_head.weight and packed.embed_tokens is not draft.embed_tokens
+    x = torch.randn(1, 4, draft.config.hidden_size)
+    torch.testing.assert_close(packed.lm_head(x), draft.lm_head(x), atol=1e-5, rtol=1e-5)
+    assert torch.equal(packed.lm_head(x[:, :3]), draft.lm_head(x[:, :3]))
+    ids = prompt(5, n=9)
+    out = target(input_ids=ids, output_hidden_states=True)
+    root = int(out.logits[0, -1].argmax())
+    nxt = torch.cat([ids[0, 1:], torch.tensor([root])])
+    trees = []
+    for d in (draft, packed):
+        drafter = EagleDrafter(d)
+        drafter.begin(ids)
+        trees.append(build_greedy_tree(drafter, root, drafter.observe(nxt, out.hidden_states), 16, 3, 4))
+    assert trees[0].tokens == trees[1].tokens and trees[0].parents == trees[1].parents
+    assert trees[1].scores == pytest.approx(trees[0].scores, abs=1e-4)
+
+
+@torch.no_grad()
+def test_drafter_pack_keeps_the_fastest_measured():
+    target = tiny_model("llama")
+    drafter = EagleDrafter(random_draft(target))
+    assert drafter.pack(1) is None  # one row: F.linear, nothing to choose
+    tuned = drafter.pack(4)
+    if tuned is None:
+        pytest.skip("nothing packs on this machine")
+    assert tuned["rows"] == 4 and tuned["ms"][tuned["uses"]] == min(tuned["ms"].values())
+    again = drafter.pack(4)  # re-packing starts from the unpacked draft, not a packed copy
+    assert set(again["ms"]) == set(tuned["ms"]) and isinstance(drafter._unpacked.lm_head, torch.nn.Linear)
+
+
 def test_accept_sampling_exact_on_synthetic_tree():
     """Many children drawn without replacement from q; the output must be distributed as p."""
     from eagle3cli.tree import gumbel_top
