@@ -77,7 +77,7 @@ class EagleDrafter:
     def __init__(self, draft):
         from .draft import DecodeCache
 
-        self.draft = draft
+        self.draft = self._unpacked = draft
         self.layer_ids = tuple(draft.config.aux_layer_ids)
         self.vocab = draft.config.vocab_size
         # log q stays over the draft vocabulary (8k columns, not the target's 49k): the tree's top-k
@@ -92,36 +92,41 @@ class EagleDrafter:
         count and pays at some counts only (4 rows: 5.2 against 6.6 ms a step; 2 or 3: slower), so
         the choice is timed, as ``fast_target.tune_packing`` times the target's. Other row counts
         stay unpacked. Returns what was measured (None: nothing to choose here)."""
-        import time
-
         from .fast_target import ONEDNN, Linear, with_packed_linears
 
-        weight = self.draft.lm_head.weight
+        base = self._unpacked
+        weight = base.lm_head.weight
         kinds = [k for k in ("mkl", ONEDNN) if Linear.can_pack(weight, rows if k == "mkl" else ONEDNN)]
         if rows < 2 or not kinds:
             return None
-        base = getattr(self, "_unpacked", self.draft)
         options = {"none": base, **{k: with_packed_linears(base, rows, k) for k in kinds}}
-        dev, h = weight.device, base.config.hidden_size
-        gen = torch.Generator().manual_seed(0)
-        g = torch.randn(1, prefix + rows, h, generator=gen).to(dev, weight.dtype)
-        ids = torch.randint(0, base.config.vocab_size, (1, prefix + rows), generator=gen).to(dev)
-        pos = torch.arange(prefix + rows, device=dev)[None]
         best = {name: float("inf") for name in options}
         for _ in range(rounds):  # interleaved, fastest median kept: other load only ever adds time
             for name, d in options.items():
-                cache = self._kvcache()
-                d.step(ids[:, :prefix], g[:, :prefix], pos[:, :prefix], cache)
-                runs = []
-                for _ in range(repeats + 1):  # the first call pays page faults
-                    cache.crop(prefix)
-                    t0 = time.perf_counter()
-                    d.logits(d.step(ids[:, prefix:], g[:, prefix:], pos[:, prefix:], cache))
-                    runs.append(time.perf_counter() - t0)
-                best[name] = min(best[name], sorted(runs[1:])[repeats // 2])
+                best[name] = min(best[name], self._time_step(d, rows, prefix, repeats))
         choice = min(best, key=lambda name: (best[name], name != "none"))
-        self._unpacked, self.draft = base, options[choice]
+        self.draft = options[choice]
         return {"rows": rows, "uses": choice, "ms": {k: round(1000 * v, 3) for k, v in best.items()}}
+
+    @torch.no_grad()
+    def _time_step(self, d, rows: int, prefix: int, repeats: int) -> float:
+        """Median seconds of one ``rows``-row step plus head of draft ``d`` behind ``prefix`` cached rows."""
+        import time
+
+        w = d.lm_head.weight
+        gen = torch.Generator().manual_seed(0)
+        g = torch.randn(1, prefix + rows, d.config.hidden_size, generator=gen).to(w.device, w.dtype)
+        ids = torch.randint(0, d.config.vocab_size, (1, prefix + rows), generator=gen).to(w.device)
+        pos = torch.arange(prefix + rows, device=w.device)[None]
+        cache = self._kvcache()
+        d.step(ids[:, :prefix], g[:, :prefix], pos[:, :prefix], cache)
+        runs = []
+        for _ in range(repeats + 1):  # the first call pays page faults
+            cache.crop(prefix)
+            t0 = time.perf_counter()
+            d.logits(d.step(ids[:, prefix:], g[:, prefix:], pos[:, prefix:], cache))
+            runs.append(time.perf_counter() - t0)
+        return sorted(runs[1:])[repeats // 2]
 
     def begin(self, input_ids=None):
         self.cache = self._kvcache()
