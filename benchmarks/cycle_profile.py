@@ -55,13 +55,17 @@ def main(argv=None) -> int:
     for cls, names in ((EagleDrafter, ("observe", "expand", "_logq")), (Eagle3Draft, ("step", "fuse", "logits"))):
         for name in names:
             setattr(cls, name, timer(name, getattr(cls, name)))
+    drafter = EagleDrafter(draft)
+    total, depth, top_k = s.shape()
+    if depth > 1 and top_k > 1:  # as eval does: a tree's levels packed where that times faster
+        print("draft packing:", drafter.pack(min(top_k, total)))
     prompts = load_turns_file(args.prompts or bundled_prompts(), args.limit)
     split = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     cycles = tokens = 0
     with torch.no_grad():
         for pr in prompts:
             ids = encode(tok, [{"role": "user", "content": pr.turns[0]}])
-            r = speculative_generate(target, draft, ids, s, fast=fast)
+            r = speculative_generate(target, drafter, ids, s, fast=fast)
             for k in split:
                 split[k] += r.times[k]
             cycles, tokens = cycles + r.forwards, tokens + r.decode_tokens
