@@ -273,7 +273,10 @@ def eos_ids(model, eos_token_id=None) -> set[int]:
 # --------------------------------------------------------------------------------------
 def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     """Follow the target's argmax down the tree: (accepted nodes, bonus token)."""
-    choice = logits.argmax(-1).tolist()
+    # max(-1).indices is argmax (both documented to return the first maximal index; ties, NaN and
+    # all -inf rows tested equal) at a fraction of its cost on a CPU: 17 bf16 rows of 49k logits
+    # 0.34 ms against 1.6 (docs/benchmarks.md, session 13)
+    choice = logits.max(-1).indices.tolist()
     path, cur = [], 0
     while True:
         nxt = next((c for c in tree.children[cur] if tree.tokens[c] == choice[cur]), None)

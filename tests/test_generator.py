@@ -279,6 +279,29 @@ def test_drafter_pack_keeps_the_fastest_measured():
     assert set(again["ms"]) == set(tuned["ms"]) and isinstance(drafter._unpacked.lm_head, torch.nn.Linear)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_accept_greedy_breaks_ties_as_argmax(dtype):
+    """Plain decoding takes argmax (the first maximal index); acceptance must pick the same token
+    where logits tie, which bf16 logits often do: at every level the row's maximum sits at two
+    tokens, and the tree offers the later one first."""
+    from eagle3cli.generator import accept_greedy
+
+    gen = torch.Generator().manual_seed(0)
+    depth, vocab = 5, 300
+    pairs = [sorted(torch.randperm(vocab, generator=gen)[:2].tolist()) for _ in range(depth + 1)]
+    tree, node, on_path = new_tree(0), 0, [0]
+    for first, later in pairs[:depth]:
+        tree.add(later, node, 0.0)
+        node = tree.add(first, node, 0.0)
+        on_path.append(node)
+    logits = torch.randint(-4, 4, (len(tree), vocab), generator=gen).to(dtype)  # row i: after node i
+    for node, (first, later) in zip(on_path, pairs):
+        logits[node, first] = logits[node, later] = 9
+    path, bonus = accept_greedy(tree, logits)
+    assert path == on_path[1:] and [tree.tokens[i] for i in path] == [f for f, _ in pairs[:depth]]
+    assert bonus == pairs[-1][0] == int(logits[on_path[-1]].argmax())
+
+
 def test_accept_sampling_exact_on_synthetic_tree():
     """Many children drawn without replacement from q; the output must be distributed as p."""
     from eagle3cli.tree import gumbel_top
