@@ -5,7 +5,8 @@
 Greedy speculative decoding emits exactly what plain decoding emits only if a forward of n new
 tokens gives each row the logits that decoding those tokens one at a time gives; where they
 differ, near-ties flip. This prints, for the fast path in fp32 (MKL-packed and oneDNN matmuls),
-bf16 with attention in bf16, and bf16 with attention in float64 (what eval runs in bf16), the
+bf16 with attention in bf16, and bf16 with attention in float64 (what eval runs in bf16), unpacked
+and oneDNN-prepacked, the
 largest |difference| of the logits and how many argmaxes flip, over chains of 2-16 tokens after
 several prefixes (random tokens, so near-ties are rarer than in text).
 """
@@ -49,7 +50,9 @@ def main():
     if Linear.can_pack(cases[0][1].head.weight, ONEDNN):
         cases.append(("fp32, oneDNN", Decoder(target, (ONEDNN,)), None))
     bf16 = Decoder(target, dtype=torch.bfloat16)
-    cases += [("bf16, attention in bf16", bf16, torch.bfloat16), ("bf16, attention in float64 (eval)", bf16, None)]
+    cases += [("bf16, attention in bf16", bf16, torch.bfloat16), ("bf16, attention in float64", bf16, None)]
+    if Linear.can_pack(bf16.head.weight, ONEDNN):
+        cases.append(("bf16 oneDNN, attention in float64", Decoder(target, (ONEDNN,), dtype=torch.bfloat16), None))
     print(f"{'forward':<36} {'max |logit diff|':>16} {'argmax flips':>13}")
     for name, decoder, attn in cases:
         fast = FastTarget(target, 600, decoder=decoder)

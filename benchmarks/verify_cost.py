@@ -11,7 +11,8 @@ runs by default; its matmuls MKL-packed for each size, and oneDNN-prepacked wher
 available), HF as a ratio to its own n = 1, the fast path to its fastest n = 1. The two
 paths are timed in the same process, interleaved, on the same weights. Where the CPU multiplies
 bf16 natively, a bf16 column follows: the fast path with bf16 weights and float64 attention
-(what `eagle3 eval --dtype auto` runs on AMX CPUs), as a ratio to its own one token and to fp32's.
+(what `eagle3 eval --dtype auto` runs on AMX CPUs), unpacked and oneDNN-prepacked, as a ratio to
+its own one token and to fp32's.
 """
 
 from __future__ import annotations
@@ -88,11 +89,18 @@ def main():
             for n in sizes:
                 lat[n].append(fast_ms(n))
         # bf16 (eval's --dtype auto on AMX CPUs): bf16 matmuls, attention in float64 (exact)
+        # and with its matmuls oneDNN-prepacked (what eval's tune_packing usually picks there)
         bf16 = None
         if has_bf16_matmul():
             fast = FastTarget(target, args.prefix + max(sizes) + 1, decoder=Decoder(target, dtype=torch.bfloat16))
             fast.forward(ids[0], torch.arange(args.prefix), 0, logits="last")
-            bf16 = {n: fast_ms(n) for n in sizes}
+            bf16 = {n: [] for n in sizes}
+            for packing in ((), (ONEDNN,)):
+                fast.decoder.repack(packing)
+                for n in sizes:
+                    bf16[n].append(fast_ms(n))
+            if not fast.head.packed:  # oneDNN has no bf16 kernels here
+                bf16 = {n: v[:1] for n, v in bf16.items()}
     print(f"model {args.model}  prefix {args.prefix}  {hardware()}  ({platform.node()})")
     print(f"fast path, one row: MKL packed for one {packed_one:.1f} ms, unpacked (F.linear) {unpacked_one:.1f} ms"
           + (f", oneDNN {lat[1][2]:.1f} ms" if onednn and 1 in lat else "")
@@ -102,7 +110,8 @@ def main():
     one = min(lat[sizes[0]][1:])
     cols = f"{'new tokens':>10} {'hf ms':>8} {'x one':>6} {'mkl ms':>8} {'x one':>6}"
     print(cols + (f" {'onednn ms':>9} {'x one':>6}" if onednn else "") + f" {'best/hf':>8}"
-          + (f" {'bf16 ms':>8} {'x own one':>9} {'x fp32 one':>10}" if bf16 else ""))
+          + (f" {'bf16 ms':>8} {'x own one':>9} {'x fp32 one':>10}" if bf16 else "")
+          + (f" {'bf16 onednn ms':>14} {'x own one':>9} {'x fp32 one':>10}" if bf16 and len(bf16[sizes[0]]) > 1 else ""))
     h1 = lat[sizes[0]][0]
     for n in sizes:
         h, *f = lat[n]
@@ -111,7 +120,10 @@ def main():
             row += f" {f[1]:9.1f} {f[1] / one:6.2f}"
         row += f" {min(f) / h:8.2f}"
         if bf16:
-            row += f" {bf16[n]:8.1f} {bf16[n] / bf16[sizes[0]]:9.2f} {bf16[n] / one:10.2f}"
+            b = bf16[n]
+            row += f" {b[0]:8.1f} {b[0] / bf16[sizes[0]][0]:9.2f} {b[0] / one:10.2f}"
+            if len(b) > 1:
+                row += f" {b[1]:14.1f} {b[1] / bf16[sizes[0]][1]:9.2f} {b[1] / one:10.2f}"
         print(row)
 
 if __name__ == "__main__":

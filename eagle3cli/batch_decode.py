@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .fast_target import Decoder, _rms_norm
+from .fast_target import ONEDNN, Decoder, _rms_norm
 
 
 class SlotTarget:
@@ -33,9 +33,12 @@ class SlotTarget:
         """``dtype``: compute (and cache) in it, the weights cast once; None keeps the model's."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        # MKL's packed GEMM for a full decode step and a half-full one (rows padded up to the
-        # next packed size): the batch thins out once no conversation is left to start.
-        d = Decoder(model, tuple(sorted({slots, max(2, slots // 2)})), purpose="continuous batching", dtype=dtype)
+        # fp32: MKL's packed GEMM for a full decode step and a half-full one (rows padded up to the
+        # next packed size): the batch thins out once no conversation is left to start. bf16:
+        # oneDNN's prepacked linear, one copy for every row count (unpacked, a bf16 matmul reorders
+        # its weight on every call). Keys a dtype cannot pack are skipped.
+        rows = (ONEDNN,) if (dtype or model.dtype) == torch.bfloat16 else tuple(sorted({slots, max(2, slots // 2)}))
+        d = Decoder(model, rows, purpose="continuous batching", dtype=dtype)
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head

@@ -230,7 +230,8 @@ def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24
     if Linear.can_pack(decoder.head.weight, ONEDNN):
         decoder.repack((ONEDNN,))
         rounds()
-    if not decoder.packable():  # bf16: unpacked
+    if not Linear.can_pack(decoder.head.weight):  # no MKL here (bf16 weights): unpacked too
+        decoder.repack(())
         rounds()
         return lat
     for n in sizes:  # MKL: a copy packed for each size

@@ -17,8 +17,8 @@ tree path moves those few entries into place (``keep``) instead of rebuilding ev
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
 one copy for every row count; ``tune_packing`` measures which is faster on this CPU. With bf16
-weights (on AMX CPUs a verification of 16 rows then costs 1.36x one row, against 1.68x in fp32),
-attention runs in float64 so that verifying is bitwise one-token decoding (``attention_dtype``,
+weights (on AMX CPUs a verification of 16 rows then costs 1.36x one row, against 1.68x in fp32)
+the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64 so that verifying is bitwise one-token decoding (``attention_dtype``,
 ``row_invariant``).
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
@@ -76,13 +76,17 @@ class Linear:
 
     @staticmethod
     def can_pack(weight: torch.Tensor, key: int | str = 1) -> bool:
-        """Whether ``weight`` packs for ``key`` here: MKL's packed GEMM (an int key) or oneDNN's
-        prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL), fp32 on a CPU."""
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        """Whether ``weight`` packs for ``key`` here, on a CPU: MKL's packed GEMM (an int key; fp32)
+        or oneDNN's prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL; fp32,
+        or bf16 where oneDNN has bf16 kernels). Unpacked, a bf16 matmul reorders its weight into
+        oneDNN's blocked layout on every call: prepacked, SmolLM2's plain decoding costs 58 ms a token
+        against 71 on two AMX cores (docs/benchmarks.md, session 14)."""
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
         if key == ONEDNN:
-            return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        return hasattr(torch.ops.mkl, "_mkl_linear")
+            onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
 
     def pack(self, rows: tuple):
         """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
@@ -232,7 +236,7 @@ class Decoder:
             lin.pack(rows)
 
     def packable(self) -> bool:
-        """Whether ``repack`` packs anything here (a CPU, fp32 weights, MKL or oneDNN)."""
+        """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
         return any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
 
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -476,7 +476,14 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
             torch.testing.assert_close(logits, ref[6:], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 128)
-    assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None  # both pack fp32 only
+    cost.update({(): 1.0, (ONEDNN,): 0.5})
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None
+        return
+    fast = bf16  # bf16 weights: unpacked or oneDNN-prepacked (MKL's packed GEMM is fp32 only)
+    got = tune_packing(fast, 3, clock=clock)
+    assert got["ms"] == {"none": 1000.0, "onednn": 500.0} and got["packing"] == [ONEDNN]
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(ONEDNN,)}
 
 
 def test_linear_packing_rule():
@@ -499,7 +506,14 @@ def test_linear_packing_rule():
         assert [lin.packed_for(m) for m in (1, 2, 5, 17)] == [1, ONEDNN, ONEDNN, ONEDNN]
         torch.testing.assert_close(lin(x), x @ w.T + b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T + b, atol=1e-5, rtol=1e-5)
-    assert Linear(w.double(), None, (ONEDNN, 4)).packed == {}  # fp32 only: unpacked, not an error
+    assert Linear(w.double(), None, (ONEDNN, 4)).packed == {}  # fp64: unpacked, not an error
+    wb, xb = w.bfloat16(), x.bfloat16()
+    lin = Linear(wb, None, (ONEDNN, 4))  # bf16: oneDNN only (MKL's packed GEMM is fp32)
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert set(lin.packed) == {ONEDNN} and lin(xb).dtype == torch.bfloat16
+        torch.testing.assert_close(lin(xb), xb @ wb.T, atol=1e-2, rtol=1e-2)
+    else:
+        assert lin.packed == {}
 
 
 @pytest.mark.parametrize("arch", FAST_ARCHS)
@@ -591,15 +605,19 @@ def test_fast_path_refuses_what_it_cannot_run():
         FastTarget(tiny_model("phi3"), 16)
 
 
+@pytest.mark.parametrize("packing", [(), ("onednn",)], ids=["unpacked", "onednn"])
 @pytest.mark.parametrize("arch", FAST_ARCHS)
-def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch):
+def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing):
     """With bf16 weights the fast path's attention runs in float64 (its cache too), so that a chain
     or tree verification gives bitwise the logits of one-token decoding; greedy speculative output
-    then equals plain decoding on the same forward token for token, near-ties included."""
+    then equals plain decoding on the same forward token for token, near-ties included. Unpacked
+    and with oneDNN's prepacked bf16 matmuls alike."""
     from eagle3cli.fast_target import row_invariant
 
     target = tiny_model(arch).to(torch.bfloat16)
-    fast = FastTarget(target, 128)
+    fast = FastTarget(target, 128, packed_rows=packing)
+    if packing and not fast.head.packed:
+        pytest.skip("oneDNN has no bf16 kernels here")
     assert fast.low_precision and fast.k.dtype == torch.float64 and fast.head.weight.dtype == torch.bfloat16
     if not row_invariant(fast, 16):
         # tiny qwen2 here: oneDNN's bf16 64x64 matmul differs between 1 and 16 rows in ~3e-5 of elements
