@@ -18,8 +18,8 @@ On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CP
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
 one copy for every row count; ``tune_packing`` measures which is faster on this CPU. With bf16
 weights (on AMX CPUs a verification of 16 rows then costs 1.36x one row, against 1.68x in fp32)
-the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64 so that verifying is bitwise one-token decoding (``attention_dtype``,
-``row_invariant``).
+the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
+so that verifying is bitwise one-token decoding (``attention_dtype``, ``row_invariant``).
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
