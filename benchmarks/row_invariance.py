@@ -6,9 +6,8 @@ Greedy speculative decoding emits exactly what plain decoding emits only if a fo
 tokens gives each row the logits that decoding those tokens one at a time gives; where they
 differ, near-ties flip. This prints, for the fast path in fp32 (MKL-packed and oneDNN matmuls),
 bf16 with attention in bf16, and bf16 with attention in float64 (what eval runs in bf16), unpacked
-and oneDNN-prepacked, the
-largest |difference| of the logits and how many argmaxes flip, over chains of 2-16 tokens after
-several prefixes (random tokens, so near-ties are rarer than in text).
+and oneDNN-prepacked, the largest |difference| of the logits and how many argmaxes flip, over
+chains of 2-16 tokens after several prefixes (random tokens, so near-ties are rarer than in text).
 """
 
 from __future__ import annotations

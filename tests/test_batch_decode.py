@@ -146,8 +146,9 @@ def test_slot_target_in_bfloat16_matches_the_bf16_model(arch):
     slots = SlotTarget(model, slots=2, max_len=16, dtype=torch.bfloat16)
     assert slots.k.dtype == torch.bfloat16 and slots.layers[0].qkv.weight.dtype == torch.bfloat16
     # bf16: oneDNN's prepacked linear where it has bf16 kernels (MKL's packed GEMM is fp32 only)
-    onednn = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert set(slots.head.packed) == ({"onednn"} if onednn else set())
+    from eagle3cli.fast_target import ONEDNN, Linear
+
+    assert set(slots.head.packed) == ({ONEDNN} if Linear.can_pack(slots.head.weight, ONEDNN) else set())
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (7, 3)]
     for s, ids in enumerate(seqs):

@@ -438,7 +438,7 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
     """tune_packing times unpacked, MKL packed for the row count or padded to a multiple of 4, and
     oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
     matmul (the LM head included) the fastest way for both; the logits stay the model's."""
-    from eagle3cli.fast_target import ONEDNN, tune_packing
+    from eagle3cli.fast_target import ONEDNN, Linear, tune_packing
 
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
@@ -477,7 +477,7 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
             torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 128)
     cost.update({(): 1.0, (ONEDNN,): 0.5})
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not Linear.can_pack(bf16.head.weight, ONEDNN):  # oneDNN has no bf16 kernels here
         assert not bf16.decoder.packable() and tune_packing(bf16, 3) is None
         return
     fast = bf16  # bf16 weights: unpacked or oneDNN-prepacked (MKL's packed GEMM is fp32 only)
@@ -509,7 +509,7 @@ def test_linear_packing_rule():
     assert Linear(w.double(), None, (ONEDNN, 4)).packed == {}  # fp64: unpacked, not an error
     wb, xb = w.bfloat16(), x.bfloat16()
     lin = Linear(wb, None, (ONEDNN, 4))  # bf16: oneDNN only (MKL's packed GEMM is fp32)
-    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if Linear.can_pack(wb, ONEDNN):
         assert set(lin.packed) == {ONEDNN} and lin(xb).dtype == torch.bfloat16
         torch.testing.assert_close(lin(xb), xb @ wb.T, atol=1e-2, rtol=1e-2)
     else:
