@@ -409,7 +409,7 @@ def pack_drafter(drafter, settings, log=print) -> dict | None:
     (``EagleDrafter.pack``); None where no level has several nodes or nothing packs."""
     total, depth, top_k = settings.shape()
     rows = min(top_k, total)
-    if depth < 2 or rows < 2 or not hasattr(drafter, "pack"):
+    if not hasattr(drafter, "pack"):
         return None
     tuned = drafter.pack(rows)
     if tuned:
@@ -524,11 +524,11 @@ def _hist(xs):
 def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
     """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
     from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
+    from .fast_draft import compute_dtype
     from .generator import as_drafter, greedy_generate
 
     check_supported(target.config)
     dev = next(target.parameters()).device
-    drafter = as_drafter(draft)
     settings = SpecSettings(mode=cfg.mode, total_tokens=cfg.total_tokens, depth=cfg.depth, top_k=cfg.top_k,
                             steps=cfg.steps, temperature=cfg.temperature, top_p=cfg.top_p,
                             sampling_top_k=cfg.sampling_top_k, max_new_tokens=cfg.max_new_tokens)
@@ -542,6 +542,11 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
             if fast is not None and fast.low_precision else "static cache, packed matmuls")
     log(f"verification path: {f'fast (fast_target: {what})' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
+    drafter = as_drafter(draft, dtype=compute_dtype(fast))
+    draft_dtype = getattr(getattr(drafter, "lean", None), "dtype", None)
+    if draft_dtype is not None and draft_dtype != next(draft.parameters()).dtype:
+        log(f"draft steps in {str(draft_dtype).removeprefix('torch.')} beside the "
+            f"{str(fast.embed.dtype).removeprefix('torch.')} target (reading its weights is most of a step)")
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)
@@ -673,6 +678,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                      "tree_auto": auto},
         "fast_packing": packing,
         "draft_packing": draft_packing,
+        "draft_dtype": None if draft_dtype is None else str(draft_dtype).removeprefix("torch."),
         "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
         # what greedy speculative output is compared with: HF generate, or (low precision, where only
         # the fast path's forward is row-invariant) plain decoding on the fast path

@@ -113,42 +113,6 @@ class Linear:
         return torch.ops.mkl._mkl_linear(x, self.packed[key], self.weight, self.bias, key)[:m]
 
 
-class ExactRowsLinear(torch.nn.Module):
-    """An ``nn.Linear`` whose calls of exactly ``rows`` rows run a prepacked GEMM (MKL's for that row
-    count, or oneDNN's); every other row count runs ``F.linear``. For the draft's one-layer steps,
-    timed with its weights evicted by the target's: 4 rows packed cost 5.2 ms a step against 6.6
-    unpacked, while 2 or 3 rows, packed exactly or padded to 4, cost more than unpacked
-    (docs/benchmarks.md, session 13). Shares the weight with the module it wraps."""
-
-    def __init__(self, linear: torch.nn.Linear, rows: int, kind: str):
-        super().__init__()
-        self.weight, self.bias, self.rows = linear.weight, linear.bias, rows
-        self.packed = Linear(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(),
-                             (ONEDNN if kind == ONEDNN else rows,))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] != self.rows:
-            return F.linear(x, self.weight, self.bias)
-        return self.packed(flat).view(*x.shape[:-1], -1)
-
-
-def with_packed_linears(module: torch.nn.Module, rows: int, kind: str) -> torch.nn.Module:
-    """A copy of ``module`` sharing its tensors, every ``nn.Linear`` in it an ``ExactRowsLinear``:
-    the original (a draft that may train again) is left as it is."""
-    import copy
-
-    def rebuild(m):
-        if isinstance(m, torch.nn.Linear):
-            return ExactRowsLinear(m, rows, kind)
-        c = copy.copy(m)  # shallow: parameters and buffers shared, the child dict rebuilt below
-        c._modules = {name: rebuild(child) for name, child in m._modules.items()}
-        c._parameters, c._buffers = dict(m._parameters), dict(m._buffers)
-        return c
-
-    return rebuild(module)
-
-
 def serving_key(keys: tuple, m: int) -> int | str | None:
     """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else oneDNN's;
     else (m > 1) the smallest MKL one for more rows, the input padded; None: plain F.linear.

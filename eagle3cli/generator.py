@@ -72,12 +72,18 @@ class EagleDrafter:
     Cache entry t pairs the target's fused features g_t with token t+1, at position t
     (docs/design.md §7). A drafted node at depth d pairs its token with its parent's output stream
     a, at position (prefix - 1) + d, and attends to the verified prefix and its ancestors.
+
+    Steps run through ``fast_draft.FastDraft`` (fused matmuls over a static cache, a third of the
+    module path's small ops); ``lean=False`` runs the module's own ``step`` over a ``DecodeCache``,
+    the reference the lean path is tested against.
     """
 
-    def __init__(self, draft):
+    def __init__(self, draft, lean: bool = True, dtype: torch.dtype | None = None):
         from .draft import DecodeCache
+        from .fast_draft import FastDraft
 
-        self.draft = self._unpacked = draft
+        self.draft = draft
+        self.lean = FastDraft(draft, dtype=dtype) if lean else None
         self.layer_ids = tuple(draft.config.aux_layer_ids)
         self.vocab = draft.config.vocab_size
         # log q stays over the draft vocabulary (8k columns, not the target's 49k): the tree's top-k
@@ -90,84 +96,101 @@ class EagleDrafter:
         """Run the draft's ``rows``-row steps (a tree level of top_k nodes) through a prepacked GEMM
         when that measures faster here than ``F.linear``: MKL's packed GEMM is specialised per row
         count and pays at some counts only (4 rows: 5.2 against 6.6 ms a step; 2 or 3: slower), so
-        the choice is timed, as ``fast_target.tune_packing`` times the target's. Other row counts
-        stay unpacked. Returns what was measured (None: nothing to choose here)."""
-        from .fast_target import ONEDNN, Linear, with_packed_linears
+        the choice is timed, as ``fast_target.tune_packing`` times the target's. MKL's copy serves
+        exactly ``rows`` rows, other counts stay on ``F.linear``; oneDNN's serves every count.
+        Returns what was measured (None: nothing to choose here, or the module path)."""
+        from .fast_target import ONEDNN
 
-        base = self._unpacked
-        weight = base.lm_head.weight
-        kinds = [k for k in ("mkl", ONEDNN) if Linear.can_pack(weight, rows if k == "mkl" else ONEDNN)]
-        if rows < 2 or not kinds:
+        kinds = self.lean.packable(rows) if self.lean is not None else []
+        if not kinds:
             return None
-        options = {"none": base, **{k: with_packed_linears(base, rows, k) for k in kinds}}
-        best = {name: float("inf") for name in options}
+        keys = {"none": (), **{k: ((ONEDNN,) if k == ONEDNN else (rows,)) for k in kinds}}
+        best = {name: float("inf") for name in keys}
         for _ in range(rounds):  # interleaved, fastest median kept: other load only ever adds time
-            for name, d in options.items():
-                best[name] = min(best[name], self._time_step(d, rows, prefix, repeats))
+            for name, key in keys.items():
+                self.lean.repack(key)
+                best[name] = min(best[name], self._time_step(rows, prefix, repeats))
         choice = min(best, key=lambda name: (best[name], name != "none"))
-        self.draft = options[choice]
+        self.lean.repack(keys[choice])
+        self.begin(None)
         return {"rows": rows, "uses": choice, "ms": {k: round(1000 * v, 3) for k, v in best.items()}}
 
     @torch.no_grad()
-    def _time_step(self, d, rows: int, prefix: int, repeats: int) -> float:
-        """Median seconds of one ``rows``-row step plus head of draft ``d`` behind ``prefix`` cached rows."""
-        import time
-
-        w = d.lm_head.weight
+    def _time_step(self, rows: int, prefix: int, repeats: int) -> float:
+        """Median seconds of one ``rows``-row lean step plus head behind ``prefix`` cached rows."""
+        f, w = self.lean, self.lean.head.weight
         gen = torch.Generator().manual_seed(0)
-        g = torch.randn(1, prefix + rows, d.config.hidden_size, generator=gen).to(w.device, w.dtype)
-        ids = torch.randint(0, d.config.vocab_size, (1, prefix + rows), generator=gen).to(w.device)
-        pos = torch.arange(prefix + rows, device=w.device)[None]
-        cache = self._kvcache()
-        d.step(ids[:, :prefix], g[:, :prefix], pos[:, :prefix], cache)
+        g = torch.randn(prefix + rows, f.embed.shape[1], generator=gen).to(w.device, w.dtype)
+        ids = torch.randint(0, f.embed.shape[0], (prefix + rows,), generator=gen).to(w.device)
+        pos = torch.arange(prefix + rows, device=w.device)
+        f.reset()
+        f.step(ids[:prefix], g[:prefix], pos[:prefix])
         runs = []
         for _ in range(repeats + 1):  # the first call pays page faults
-            cache.crop(prefix)
+            f.crop(prefix)
             t0 = time.perf_counter()
-            d.logits(d.step(ids[:, prefix:], g[:, prefix:], pos[:, prefix:], cache))
+            f.logits(f.step(ids[prefix:], g[prefix:], pos[prefix:]))
             runs.append(time.perf_counter() - t0)
+        f.reset()
         return sorted(runs[1:])[repeats // 2]
 
     def begin(self, input_ids=None):
-        self.cache = self._kvcache()
+        if self.lean is not None:
+            self.lean.reset()
+            self.cache = self.lean
+        else:
+            self.cache = self._kvcache()
         self.verified = 0  # cache entries of verified pairs
         self.root_a = None
         self.node_a: dict[int, torch.Tensor] = {}
         self.node_slot: dict[int, int] = {}
 
     def _logq(self, a: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.draft.logits(a).float(), dim=-1)
+        """log q [T, C] of output streams ``a`` [T, H]."""
+        logits = self.lean.logits(a) if self.lean is not None else self.draft.logits(a)
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask=None) -> torch.Tensor:
+        """ids [T], hidden [T, H], pos [T], mask [T, len + T] or None (causal) -> output streams [T, H]."""
+        if self.lean is not None:
+            return self.lean.step(ids, hidden, pos, mask)
+        return self.draft.step(ids[None], hidden[None], pos[None], self.cache,
+                               attn_mask=None if mask is None else mask[None, None])[0]
 
     def observe(self, next_tokens, hidden_states):
         self.rollback()
         aux = torch.cat([hidden_states[j] for j in self.layer_ids], dim=-1)
-        g = self.draft.fuse(aux)
+        g = self.draft.fuse(aux)[0]
         n = next_tokens.shape[-1]
-        pos = torch.arange(self.verified, self.verified + n, device=g.device)[None]
-        a = self.draft.step(next_tokens.view(1, n).to(g.device), g, pos, self.cache)
+        pos = torch.arange(self.verified, self.verified + n, device=g.device)
+        a = self._step(next_tokens.view(n).to(g.device), g, pos)
         self.verified += n
-        self.root_a = a[0, -1]
-        return self._logq(a[0, -1:])[0]
+        self.root_a = a[-1]
+        return self._logq(a[-1:])[0]
 
     def expand(self, tree, nodes):
         dev = self.root_a.device
-        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)[None]
-        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])[None]
-        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)[None]
+        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
+        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
+        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)
         past, m = len(self.cache), len(nodes)
-        mask = torch.zeros(m, past + m, dtype=torch.bool, device=dev)
-        mask[:, : self.verified] = True
+        rows, cols = [], []  # besides the verified prefix: each node sees itself and its drafted ancestors
         for row, i in enumerate(nodes):
-            mask[row, past + row] = True
+            rows.append(row)
+            cols.append(past + row)
             p = tree.parents[i]
             while p > 0:  # the root's own entry is the last verified pair
-                mask[row, self.node_slot[p]] = True
+                rows.append(row)
+                cols.append(self.node_slot[p])
                 p = tree.parents[p]
-        a = self.draft.step(tokens, hidden, pos, self.cache, attn_mask=mask[None, None])
+        mask = torch.zeros(m, past + m, dtype=torch.bool, device=dev)
+        mask[:, : self.verified] = True
+        mask[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = True
+        a = self._step(tokens, hidden, pos, mask)
         for row, i in enumerate(nodes):
-            self.node_a[i] = a[0, row]
+            self.node_a[i] = a[row]
             self.node_slot[i] = past + row
-        return self._logq(a[0])
+        return self._logq(a)
 
     def rollback(self):
         self.cache.crop(self.verified)
@@ -175,8 +198,9 @@ class EagleDrafter:
         self.node_slot.clear()
 
 
-def as_drafter(draft) -> Drafter:
-    return draft if hasattr(draft, "observe") else EagleDrafter(draft)
+def as_drafter(draft, dtype: torch.dtype | None = None) -> Drafter:
+    """``draft`` itself if it is a drafter, else an ``EagleDrafter`` computing in ``dtype`` (None: the draft's)."""
+    return draft if hasattr(draft, "observe") else EagleDrafter(draft, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------

@@ -126,7 +126,14 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     t = res["tasks"]["mini"]
     assert t["num_prompts"] == 2 and t["lossless"] is True
     assert len(t["n_alpha"]) == 2
-    assert res["draft_packing"] is None  # a chain's levels are one node: nothing to pack
+    packing = res["draft_packing"]  # a chain's steps are one row: timed as they run, or nothing packs here
+    assert packing is None or (packing["rows"] == 1 and packing["ms"][packing["uses"]] == min(packing["ms"].values()))
+    # the draft steps in bf16 exactly when the target runs bf16 where oneDNN packs bf16 (AMX CPUs)
+    from eagle3cli.fast_target import ONEDNN, Linear
+
+    packs_bf16 = Linear.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16), ONEDNN)
+    bf16_draft = res["target_dtype"] == "bfloat16" and packs_bf16
+    assert res["draft_dtype"] == ("bfloat16" if bf16_draft else "float32")
 
 
 def test_eval_tree_packs_the_drafts_levels_where_faster(smol_tiny_dir, turns_file, tmp_path):

@@ -236,47 +236,155 @@ def test_sampled_tree_keeps_q_over_the_target_vocabulary():
     assert float(q.sum()) == pytest.approx(1.0, abs=1e-5) and float(q[1::2].sum()) == 0.0
 
 
+LEAN_OPTIONS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True},
+                "norm_before_residual": {"norm_before_residual": True}, "norm_before_fc": {"norm_before_fc": True}}
+
+
+def option_draft(target, options, seed=0):
+    cfg = DraftConfig.from_target(target.config, target.config.vocab_size // 2,
+                                  default_layer_ids(target.config.num_hidden_layers), **options)
+    d = Eagle3Draft(cfg, embed_weight=target.get_input_embeddings().weight)
+    d.init_weights(seed=seed)
+    with torch.no_grad():  # norms away from 1, so a norm applied twice or skipped shows
+        for name, p in d.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    d.set_vocab(torch.arange(0, target.config.vocab_size, 2))
+    return d.eval()
+
+
+def draft_trees(drafter, target, seeds=(0, 1, 2), total=16, depth=4, top_k=4):
+    """Greedy trees drafted below three prompts, each after a second observe (a cache with history)."""
+    trees = []
+    for seed in seeds:
+        ids = prompt(seed, n=11)
+        out = target(input_ids=ids, output_hidden_states=True)
+        root = int(out.logits[0, -1].argmax())
+        drafter.begin(ids)
+        logq = drafter.observe(torch.cat([ids[0, 1:7], torch.tensor([int(ids[0, 7])])]),
+                               [h[:, :7] for h in out.hidden_states])
+        build_greedy_tree(drafter, int(ids[0, 7]), logq, total, depth, top_k)  # drafted, then rolled back
+        logq = drafter.observe(torch.cat([ids[0, 8:], torch.tensor([root])]), [h[:, 7:] for h in out.hidden_states])
+        trees.append(build_greedy_tree(drafter, root, logq, total, depth, top_k))
+    return trees
+
+
+@pytest.mark.parametrize("options", list(LEAN_OPTIONS))
+@torch.no_grad()
+def test_lean_draft_step_drafts_the_module_path_trees(options):
+    """fast_draft.FastDraft (fused matmuls, static cache, RoPE tables) drafts the trees the module's
+    own step drafts, node for node, scores within fp32 rounding, for every architecture option,
+    with grouped-query attention, across a rollback and a second observe."""
+    target = tiny_model("llama")
+    assert target.config.num_key_value_heads < target.config.num_attention_heads  # GQA exercised
+    draft = option_draft(target, LEAN_OPTIONS[options])
+    lean, ref = (draft_trees(EagleDrafter(draft, lean=flag), target) for flag in (True, False))
+    for a, b in zip(lean, ref):
+        assert a.tokens == b.tokens and a.parents == b.parents and len(a) == 17
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+
+
+@torch.no_grad()
+def test_lean_draft_step_equals_module_step_and_grows_its_cache():
+    """Output streams of the lean step == Eagle3Draft.step's (fp32 rounding) for a causal block,
+    a masked block and one row, across the cache's growth (capacity 4 here) and a crop."""
+    from eagle3cli.fast_draft import FastDraft
+
+    target = tiny_model("llama")
+    draft = option_draft(target, {})
+    fast = FastDraft(draft)
+    fast.k, fast.v, fast.cos = fast.k[:, :4], fast.v[:, :4], fast.cos[:4]  # force growth from 4 positions
+    cache = KVCache()
+    gen = torch.Generator().manual_seed(0)
+    H = draft.config.hidden_size
+    ids, g = torch.randint(0, 256, (20,), generator=gen), torch.randn(20, H, generator=gen)
+    a_ref = draft.step(ids[None, :6], g[None, :6], torch.arange(6)[None], cache)[0]
+    torch.testing.assert_close(fast.step(ids[:6], g[:6], torch.arange(6)), a_ref, atol=1e-5, rtol=1e-5)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1, 0, 0, 1]],
+                        dtype=torch.bool)
+    pos = torch.tensor([5, 6, 4])
+    a_ref = draft.step(ids[None, 6:9], g[None, 6:9], pos[None], cache, attn_mask=mask[None, None])[0]
+    torch.testing.assert_close(fast.step(ids[6:9], g[6:9], pos, mask), a_ref, atol=1e-5, rtol=1e-5)
+    assert len(fast) == 9 and fast.k.shape[1] >= 9
+    fast.crop(6)
+    cache.crop(6)
+    a_ref = draft.step(ids[None, 6:7], g[None, 6:7], torch.tensor([[6]]), cache)[0]
+    torch.testing.assert_close(fast.step(ids[6:7], g[6:7], torch.tensor([6])), a_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.logits(a_ref), draft.logits(a_ref), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_lean_draft_in_bf16_is_the_module_draft_in_bf16():
+    """``dtype=bfloat16`` computes what ``draft.to(bfloat16)`` computes through the module path (within
+    bf16 rounding: the fused matmuls may round differently), the fp32 draft left untouched."""
+    from eagle3cli.fast_draft import FastDraft
+
+    target = tiny_model("llama")
+    draft = option_draft(target, {})
+    fast = FastDraft(draft, dtype=torch.bfloat16)
+    assert fast.head.weight.dtype == torch.bfloat16 and draft.lm_head.weight.dtype == torch.float32
+    ref = option_draft(target, {}).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    ids, g = torch.randint(0, 256, (7,), generator=gen), torch.randn(7, draft.config.hidden_size, generator=gen)
+    got = fast.step(ids, g, torch.arange(7))
+    want = ref.step(ids[None], g[None].to(torch.bfloat16), torch.arange(7)[None], KVCache())[0]
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(fast.logits(got).float(), ref.logits(got).float(), atol=0.05, rtol=0.02)
+
+
+def test_draft_computes_in_bf16_only_beside_a_bf16_fast_path_that_packs_it():
+    from eagle3cli.fast_draft import compute_dtype
+    from eagle3cli.fast_target import ONEDNN, FastTarget, Linear
+
+    target = tiny_model("llama")
+    assert compute_dtype(None) is None
+    assert compute_dtype(FastTarget(target, 64)) is None  # fp32 target: the draft's own dtype
+    bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 64)
+    expected = torch.bfloat16 if Linear.can_pack(bf16.head.weight, ONEDNN) else None
+    assert compute_dtype(bf16) is expected
+
+
 @pytest.mark.parametrize("kind", ["mkl", "onednn"])
 @torch.no_grad()
-def test_packed_draft_levels_give_the_same_tree(kind):
-    """The draft's linears packed for 4-row levels: 4-row calls within fp32 rounding of F.linear,
-    other row counts bitwise F.linear, the draft itself untouched, the same tree drafted."""
-    from eagle3cli.fast_target import ExactRowsLinear, Linear, with_packed_linears
+def test_packed_lean_levels_give_the_same_tree(kind):
+    """The lean draft's matmuls packed for 4-row levels: MKL's copy serves exactly 4 rows (other
+    counts bitwise F.linear), oneDNN's every count; the same trees drafted as unpacked."""
+    from eagle3cli.fast_draft import ExactRowsLinear
+    from eagle3cli.fast_target import ONEDNN, Linear
 
     target = tiny_model("llama")
     draft = random_draft(target)
-    if not Linear.can_pack(draft.lm_head.weight, 4 if kind == "mkl" else kind):
+    key = 4 if kind == "mkl" else ONEDNN
+    if not Linear.can_pack(draft.lm_head.weight, key):
         pytest.skip(f"{kind} packing is not available here")
-    packed = with_packed_linears(draft, 4, kind)
-    assert isinstance(packed.lm_head, ExactRowsLinear) and isinstance(draft.lm_head, torch.nn.Linear)
-    assert packed.lm_head.weight is draft.lm_head.weight and packed.embed_tokens is not draft.embed_tokens
-    x = torch.randn(1, 4, draft.config.hidden_size)
-    torch.testing.assert_close(packed.lm_head(x), draft.lm_head(x), atol=1e-5, rtol=1e-5)
-    assert torch.equal(packed.lm_head(x[:, :3]), draft.lm_head(x[:, :3]))
-    ids = prompt(5, n=9)
-    out = target(input_ids=ids, output_hidden_states=True)
-    root = int(out.logits[0, -1].argmax())
-    nxt = torch.cat([ids[0, 1:], torch.tensor([root])])
-    trees = []
-    for d in (draft, packed):
-        drafter = EagleDrafter(d)
-        drafter.begin(ids)
-        trees.append(build_greedy_tree(drafter, root, drafter.observe(nxt, out.hidden_states), 16, 3, 4))
-    assert trees[0].tokens == trees[1].tokens and trees[0].parents == trees[1].parents
-    assert trees[1].scores == pytest.approx(trees[0].scores, abs=1e-4)
+    lin = ExactRowsLinear(draft.lm_head.weight.detach(), None, (key,))
+    x = torch.randn(4, draft.config.hidden_size)
+    torch.testing.assert_close(lin(x), draft.lm_head(x), atol=1e-5, rtol=1e-5)
+    assert lin.packed_for(3) == (None if kind == "mkl" else ONEDNN)
+    if kind == "mkl":
+        assert torch.equal(lin(x[:3]), draft.lm_head(x[:3]))
+    plain, packed = EagleDrafter(draft), EagleDrafter(draft)
+    packed.lean.repack((key,))
+    for a, b in zip(draft_trees(plain, target), draft_trees(packed, target)):
+        assert a.tokens == b.tokens and a.parents == b.parents
+        assert b.scores == pytest.approx(a.scores, abs=1e-4)
 
 
 @torch.no_grad()
 def test_drafter_pack_keeps_the_fastest_measured():
     target = tiny_model("llama")
-    drafter = EagleDrafter(random_draft(target))
-    assert drafter.pack(1) is None  # one row: F.linear, nothing to choose
-    tuned = drafter.pack(4)
-    if tuned is None:
-        pytest.skip("nothing packs on this machine")
-    assert tuned["rows"] == 4 and tuned["ms"][tuned["uses"]] == min(tuned["ms"].values())
-    again = drafter.pack(4)  # re-packing starts from the unpacked draft, not a packed copy
-    assert set(again["ms"]) == set(tuned["ms"]) and isinstance(drafter._unpacked.lm_head, torch.nn.Linear)
+    draft = random_draft(target)
+    drafter = EagleDrafter(draft)
+    assert EagleDrafter(draft, lean=False).pack(4) is None  # the reference path is never packed
+    for rows in (4, 1):  # a tree's levels; a chain's one-row steps
+        tuned = drafter.pack(rows)
+        if tuned is None:
+            pytest.skip("nothing packs on this machine")
+        assert tuned["rows"] == rows and tuned["ms"][tuned["uses"]] == min(tuned["ms"].values())
+        expected = {"none": set(), "mkl": {rows}, "onednn": {"onednn"}}[tuned["uses"]]
+        assert all(set(lin.packed) == expected for lin in drafter.lean.linears())
+        assert len(drafter.cache) == 0  # the timing steps leave nothing behind
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])

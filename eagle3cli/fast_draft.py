@@ -1,0 +1,160 @@
+"""The draft's inference step as plain tensors: what ``fast_target`` is for the target.
+
+A drafting level of a 135M target's draft reads ~35 MB of weights in 8 small matmuls, and on a
+CPU the module path (``Eagle3Draft.step``) spent about as long again in ~270 small tensor ops
+and their Python dispatch: RoPE recomputed from the positions, RMSNorm in six ops per norm,
+q, k, v and gate, up as separate matmuls, views and transposes of a batch dimension of one
+(docs/benchmarks.md, session 15). This module runs the same layer with the same weights and
+the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE tables are ``draft.Rotary``'s for
+every position), per step only
+
+    emb, hidden -> two rmsnorms -> [q|k|v] one matmul -> rope on q and k at once -> write k, v
+      (KV heads repeated) into the preallocated cache -> SDPA over the cache (tree mask)
+      -> o_proj -> residual -> rmsnorm -> [gate|up] one matmul -> act(gate) * up -> down -> residual
+
+on one sequence (no batch dimension). ``Eagle3Draft.step`` stays the reference: training uses
+it, and tests hold this step to it (tests/test_generator.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fast_target import ONEDNN, Linear, _rms_norm, _weights
+
+
+def compute_dtype(fast_target) -> torch.dtype | None:
+    """What the drafter computes in beside ``fast_target``: bfloat16 beside a bf16 fast path on a CPU
+    whose oneDNN has bf16 kernels (AMX), else None (the draft's own dtype). A drafting level is
+    bound by reading the draft's weights, which the target's forward has just evicted from the
+    caches: in bf16 a 16-node tree drafts in 5.3 ms a cycle against 6.6 in fp32 and a chain of 3 in
+    3.7 against 4.0 (docs/benchmarks.md, session 15). Only the proposals change, within bf16
+    rounding; what is accepted is still the target's own greedy output."""
+    if fast_target is None or fast_target.embed.dtype != torch.bfloat16:
+        return None
+    return torch.bfloat16 if Linear.can_pack(fast_target.head.weight, ONEDNN) else None
+
+
+class ExactRowsLinear(Linear):
+    """A ``Linear`` whose MKL copy serves exactly its row count (smaller calls are not padded up:
+    2 or 3 rows padded to a 4-row packed GEMM cost more than ``F.linear``, docs/benchmarks.md,
+    session 13); oneDNN's copy serves any."""
+
+    def packed_for(self, m: int) -> int | str | None:
+        return m if m in self.packed else (ONEDNN if ONEDNN in self.packed else None)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class FastDraft:
+    """An ``Eagle3Draft``'s step over its own static KV cache (grown by doubling)."""
+
+    INITIAL_LEN = 512  # cache positions at first (a few MB for SmolLM2's draft)
+
+    def __init__(self, draft, packed_rows: tuple = (), dtype: torch.dtype | None = None):
+        """``dtype``: compute in it (weights cast once, as ``draft.to(dtype)`` would); None keeps the draft's."""
+        cfg, layer = draft.config, draft.midlayer
+        a, m = layer.self_attn, layer.mlp
+        self.draft = draft  # fuse() (with its optional norms) and the vocab maps stay the module's
+        self.nh, self.nkv, self.hd = a.num_heads, a.num_kv, a.head_dim
+        self.embed = draft.embed_tokens.weight.detach()
+
+        def weights(*tensors):
+            return _weights(*tensors, dtype=dtype)
+
+        def linear(*tensors):
+            return ExactRowsLinear(weights(*tensors), None, packed_rows)
+
+        self.qkv = linear(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
+        self.o, self.down = linear(a.o_proj.weight), linear(m.down_proj.weight)
+        self.gate_up = linear(m.gate_proj.weight, m.up_proj.weight)
+        self.head = linear(draft.lm_head.weight)
+        self.ln_emb, self.ln_hidden = weights(layer.input_layernorm.weight), weights(layer.hidden_norm.weight)
+        self.ln_post, self.norm = weights(layer.post_attention_layernorm.weight), weights(draft.norm.weight)
+        self.eps = layer.input_layernorm.eps
+        self.act, self.inter = m.act_fn, m.gate_proj.weight.shape[0]
+        self.norm_before_residual = cfg.norm_before_residual
+        self.norm_output = cfg.norm_output
+        self.rotary = draft.rotary
+        self.dtype = self.qkv.weight.dtype
+        self.cos = self.sin = self.k = self.v = None
+        self.n = 0  # filled cache positions
+        self._grow(self.INITIAL_LEN)
+
+    def linears(self) -> tuple[Linear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down, self.head
+
+    def repack(self, rows: tuple):
+        """Pack every matmul for ``rows`` (MKL row counts and/or ``ONEDNN``); () unpacks."""
+        for lin in self.linears():
+            lin.pack(rows)
+
+    def packable(self, rows: int) -> list[str]:
+        """The packings that apply here for ``rows``-row steps: "mkl" (for exactly that many), ``ONEDNN``."""
+        w = self.head.weight
+        return [k for k in ("mkl", ONEDNN) if Linear.can_pack(w, rows if k == "mkl" else ONEDNN)]
+
+    # ---- cache ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.n
+
+    def _grow(self, length: int):
+        """Room for ``length`` positions: the cache (kept) and the RoPE tables of every position."""
+        w = self.embed
+        pos = torch.arange(length, device=w.device)[None]
+        cos, sin = self.rotary(pos, self.dtype)  # [1, 1, length, hd], as Rotary computes per step
+        self.cos, self.sin = cos[0, 0], sin[0, 0]
+        k = torch.zeros(self.nh, length, self.hd, dtype=self.dtype, device=w.device)
+        v = torch.zeros_like(k)
+        if self.k is not None:
+            k[:, : self.n], v[:, : self.n] = self.k[:, : self.n], self.v[:, : self.n]
+        self.k, self.v = k, v
+
+    def reset(self):
+        self.n = 0
+
+    def crop(self, n: int):
+        self.n = min(self.n, n)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer on T new tokens ``ids`` [T] with ``hidden`` [T, H] (g, or a parent's output
+        stream) at positions ``pos`` [T], appended to the cache; ``mask`` [T, len + T] bool "may
+        attend" (None: causal, the whole cache visible). Returns the output stream [T, H]
+        (``Eagle3Draft.output``), as ``Eagle3Draft.step`` does. Positions must be below len + T, as
+        the drafter's always are (a node at depth d sits at position verified - 1 + d)."""
+        t, past = ids.shape[0], self.n
+        need = past + t
+        if need > self.k.shape[1]:  # positions stay below len + T (the drafter's never pass it): tables fit
+            self._grow(2 * need)
+        dtype = self.dtype
+        emb = F.embedding(ids, self.embed).to(dtype)
+        hidden = hidden.to(dtype)
+        x = torch.cat([_rms_norm(emb, self.ln_emb, self.eps), _rms_norm(hidden, self.ln_hidden, self.eps)], -1)
+        qkv = self.qkv(x).view(t, self.nh + 2 * self.nkv, self.hd)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [T, 1, hd]
+        qk = qkv[:, : self.nh + self.nkv]
+        qk = qk * cos + _rotate_half(qk) * sin  # q's and k's heads in one go
+        q, k, v = qk[:, : self.nh], qk[:, self.nh:], qkv[:, self.nh + self.nkv:]
+        rep = self.nh // self.nkv  # KV heads repeated to the query heads once, as they are written
+        self.k.view(self.nkv, rep, -1, self.hd)[:, :, past:need] = k.transpose(0, 1)[:, None]
+        self.v.view(self.nkv, rep, -1, self.hd)[:, :, past:need] = v.transpose(0, 1)[:, None]
+        self.n = need
+        if mask is None and t > 1:
+            mask = torch.ones(t, need, dtype=torch.bool, device=x.device).tril(past)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], self.k[None, :, :need], self.v[None, :, :need],
+                                           attn_mask=None if mask is None else mask[None, None])
+        residual = _rms_norm(hidden, self.ln_hidden, self.eps) if self.norm_before_residual else hidden
+        h = residual + self.o(o[0].transpose(0, 1).reshape(t, -1))
+        gate, up = self.gate_up(_rms_norm(h, self.ln_post, self.eps)).split(self.inter, dim=-1)
+        a = h + self.down(self.act(gate) * up)
+        return _rms_norm(a, self.norm, self.eps) if self.norm_output else a
+
+    def logits(self, a: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits of output streams ``a`` [T, H] (``Eagle3Draft.logits``)."""
+        return self.head(a if self.norm_output else _rms_norm(a, self.norm, self.eps))
