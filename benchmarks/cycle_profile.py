@@ -6,10 +6,11 @@
 Runs ``speculative_generate`` on the fast path, as ``eagle3 eval`` does, on the first turns of
 ``--limit`` prompts, with the drafter's parts wrapped in timers: ``observe`` (the accepted
 tokens' features in: fc + one layer step + head), ``expand`` (one tree level: a layer step +
-head over its nodes), and inside them the layer step, the draft head and the rest of the
-log-softmax over the draft vocabulary. Prints ms per cycle next to the generator's
-own draft / verify / bookkeeping split. ``--draft-dtype`` casts the draft (its proposals only:
-the output stays the target's greedy one).
+head over its nodes), and inside them the layer step and the draft head (``fast_draft.FastDraft``'s,
+as eval runs them) and the rest of the log-softmax over the draft vocabulary. Prints ms per cycle
+next to the generator's own draft / verify / bookkeeping split. ``--draft-dtype`` is what the drafter's lean steps
+compute in (its proposals only: the output stays the target's greedy one); eval steps in bf16
+beside a bf16 target on AMX CPUs, this script's target is fp32.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ def main(argv=None) -> int:
     from chain_tau import setup
 
     from eagle3cli.draft import Eagle3Draft
+    from eagle3cli.fast_draft import FastDraft
     from eagle3cli.evaluate import encode, load_turns_file, pack_drafter
     from eagle3cli.generator import EagleDrafter, speculative_generate
     from eagle3cli.quickstart import bundled_prompts
 
-    target, tok, draft, s, fast, note = setup(args, args.draft_dtype)
+    target, tok, draft, s, fast, note = setup(args)
     if fast is None:
         raise SystemExit(f"the fast path does not apply: {note}")
     spent: dict[str, float] = {}
@@ -52,9 +54,10 @@ def main(argv=None) -> int:
             return out
         return wrapped
 
-    drafter = EagleDrafter(draft)
+    drafter = EagleDrafter(draft, dtype=getattr(torch, args.draft_dtype))
     pack_drafter(drafter, s)  # as eval does; before the timers, so its own timing runs are not counted
-    for cls, names in ((EagleDrafter, ("observe", "expand", "_logq")), (Eagle3Draft, ("step", "fuse", "logits"))):
+    for cls, names in ((EagleDrafter, ("observe", "expand", "_logq")), (FastDraft, ("step", "logits")),
+                       (Eagle3Draft, ("fuse",))):
         for name in names:
             setattr(cls, name, timer(name, getattr(cls, name)))
     prompts = load_turns_file(args.prompts or bundled_prompts(), args.limit)

@@ -580,6 +580,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if tree_auto:
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
                               "max_new_tokens": min(64, cfg.max_new_tokens)})
+        # the calibration's draft levels run as the chosen tree's will (packed, e.g. bf16 never unpacked),
+        # so that its per-level cost, which the choice weighs, is the run's
+        pack_drafter(drafter, big, log=lambda _: None)
         calib = [spec(f, big) for f in firsts[:3]]
         # The latency curve of the path the run verifies through: the fast path's is flatter.
         lat = (verify_latency_fast(target, first, fast.max_len, decoder=fast.decoder) if fast is not None
