@@ -405,8 +405,8 @@ def pack_for_run(fast, settings, log=print) -> dict | None:
 
 
 def pack_drafter(drafter, settings, log=print) -> dict | None:
-    """Pack the draft's matmuls for the tree's levels (top_k nodes each) where that measures faster
-    (``EagleDrafter.pack``); None where no level has several nodes or nothing packs."""
+    """Pack the draft's matmuls for the tree's levels (top_k nodes each; a chain's: one) where that
+    measures faster (``EagleDrafter.pack``); None where nothing packs here or the drafter cannot."""
     total, depth, top_k = settings.shape()
     rows = min(top_k, total)
     if not hasattr(drafter, "pack"):
@@ -523,8 +523,8 @@ def _hist(xs):
 
 def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
     """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
-    from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
     from .fast_draft import compute_dtype
+    from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
     from .generator import as_drafter, greedy_generate
 
     check_supported(target.config)
