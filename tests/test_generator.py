@@ -284,6 +284,28 @@ def test_lean_draft_step_drafts_the_module_path_trees(options):
         assert a.scores == pytest.approx(b.scores, abs=1e-5)
 
 
+GEOMETRIES = {
+    "heads_wider_than_hidden": {"head_dim": 32},  # 4 x 32 = 128 query dims over a 64-wide stream (Qwen3-like)
+    "gelu": {"hidden_act": "gelu_pytorch_tanh"},  # Gemma's activation
+    "llama3_rope": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8}},
+}
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@torch.no_grad()
+def test_lean_draft_step_drafts_the_module_path_trees_for_other_geometries(geometry):
+    """Query heads that do not tile the hidden size, a non-SiLU activation, scaled RoPE: the lean
+    step drafts the module's trees node for node."""
+    target = tiny_model("llama")
+    draft = option_draft(target, GEOMETRIES[geometry])
+    lean, ref = (draft_trees(EagleDrafter(draft, lean=flag), target) for flag in (True, False))
+    for a, b in zip(lean, ref):
+        assert a.tokens == b.tokens and a.parents == b.parents and len(a) == 17
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+
+
 @torch.no_grad()
 def test_lean_draft_step_equals_module_step_and_grows_its_cache():
     """Output streams of the lean step == Eagle3Draft.step's (fp32 rounding) for a causal block,
