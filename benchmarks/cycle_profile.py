@@ -8,9 +8,9 @@ Runs ``speculative_generate`` on the fast path, as ``eagle3 eval`` does, on the 
 tokens' features in: fc + one layer step + head), ``expand`` (one tree level: a layer step +
 head over its nodes), and inside them the layer step and the draft head (``fast_draft.FastDraft``'s,
 as eval runs them) and the rest of the log-softmax over the draft vocabulary. Prints ms per cycle
-next to the generator's own draft / verify / bookkeeping split. ``--draft-dtype`` is what the drafter's lean steps
-compute in (its proposals only: the output stays the target's greedy one); eval steps in bf16
-beside a bf16 target on AMX CPUs, this script's target is fp32.
+next to the generator's own draft / verify / bookkeeping split. ``--draft-dtype`` is what the
+drafter's lean steps compute in (its proposals only: the output stays the target's greedy one);
+eval steps in bf16 beside a bf16 target on AMX CPUs, this script's target is fp32.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     from chain_tau import setup
 
     from eagle3cli.draft import Eagle3Draft
-    from eagle3cli.fast_draft import FastDraft
     from eagle3cli.evaluate import encode, load_turns_file, pack_drafter
+    from eagle3cli.fast_draft import FastDraft
     from eagle3cli.generator import EagleDrafter, speculative_generate
     from eagle3cli.quickstart import bundled_prompts
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .draft import apply_rope
 from .fast_target import ONEDNN, Linear, _rms_norm, _weights
 
 
@@ -28,8 +29,8 @@ def compute_dtype(fast_target) -> torch.dtype | None:
     """What the drafter computes in beside ``fast_target``: bfloat16 beside a bf16 fast path on a CPU
     whose oneDNN has bf16 kernels (AMX), else None (the draft's own dtype). A drafting level is
     bound by reading the draft's weights, which the target's forward has just evicted from the
-    caches: in bf16 a 16-node tree drafts in 5.3 ms a cycle against 6.6 in fp32 and a chain of 3 in
-    3.7 against 4.0 (docs/benchmarks.md, session 15). Only the proposals change, within bf16
+    caches: in bf16 a 16-node tree drafts in 5.5 ms a cycle against 7.2 in fp32 and a chain of 3 in
+    3.9 against 4.4 (``benchmarks/draft_paths.py``, docs/benchmarks.md, session 15). Only the proposals change, within bf16
     rounding; what is accepted is still the target's own greedy output."""
     if fast_target is None or fast_target.embed.dtype != torch.bfloat16:
         return None
@@ -43,11 +44,6 @@ class ExactRowsLinear(Linear):
 
     def packed_for(self, m: int) -> int | str | None:
         return m if m in self.packed else (ONEDNN if ONEDNN in self.packed else None)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class FastDraft:
@@ -135,11 +131,12 @@ class FastDraft:
         dtype = self.dtype
         emb = F.embedding(ids, self.embed).to(dtype)
         hidden = hidden.to(dtype)
-        x = torch.cat([_rms_norm(emb, self.ln_emb, self.eps), _rms_norm(hidden, self.ln_hidden, self.eps)], -1)
+        hidden_normed = _rms_norm(hidden, self.ln_hidden, self.eps)
+        x = torch.cat([_rms_norm(emb, self.ln_emb, self.eps), hidden_normed], -1)
         qkv = self.qkv(x).view(t, self.nh + 2 * self.nkv, self.hd)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [T, 1, hd]
         qk = qkv[:, : self.nh + self.nkv]
-        qk = qk * cos + _rotate_half(qk) * sin  # q's and k's heads in one go
+        qk = apply_rope(qk, cos, sin)  # q's and k's heads in one go
         q, k, v = qk[:, : self.nh], qk[:, self.nh:], qkv[:, self.nh + self.nkv:]
         rep = self.nh // self.nkv  # KV heads repeated to the query heads once, as they are written
         self.k.view(self.nkv, rep, -1, self.hd)[:, :, past:need] = k.transpose(0, 1)[:, None]
@@ -149,7 +146,7 @@ class FastDraft:
             mask = torch.ones(t, need, dtype=torch.bool, device=x.device).tril(past)
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], self.k[None, :, :need], self.v[None, :, :need],
                                            attn_mask=None if mask is None else mask[None, None])
-        residual = _rms_norm(hidden, self.ln_hidden, self.eps) if self.norm_before_residual else hidden
+        residual = hidden_normed if self.norm_before_residual else hidden
         h = residual + self.o(o[0].transpose(0, 1).reshape(t, -1))
         gate, up = self.gate_up(_rms_norm(h, self.ln_post, self.eps)).split(self.inter, dim=-1)
         a = h + self.down(self.act(gate) * up)
