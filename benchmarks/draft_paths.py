@@ -1,5 +1,6 @@
-"""The drafter's three paths in one process: the module step (``EagleDrafter(lean=False)``, the
-reference), the lean step (``fast_draft.FastDraft``) in fp32, and the lean step in bf16.
+"""The drafter's paths in one process: the module step (``EagleDrafter(lean=False)``, the
+reference), the lean step (``fast_draft.FastDraft``) in fp32, the lean step in bf16, and the lean
+bf16 step with int8 and with int4 weights (``weight_quant``; what ``--draft-weights`` picks).
 
     PYTHONPATH=. python benchmarks/draft_paths.py --model TARGET --draft DRAFT [--mode tree --tree 16,4,4 | --mode chain --steps 3] \
         [--limit 10] [--threads 2] [--dtype bfloat16]
@@ -7,7 +8,8 @@ reference), the lean step (``fast_draft.FastDraft``) in fp32, and the lean step 
 Runs ``speculative_generate`` on the fast path (the target in ``--dtype``, packed for the run as
 ``eagle3 eval`` packs it) on the first turns of ``--limit`` mt_bench questions, each drafter in
 turn per prompt (the order reversed every other prompt), and asserts that every drafter's output
-is the same greedy answer and that the two fp32 drafters accept the same tokens. Prints the
+is the same greedy answer and that the two fp32 drafters accept the same tokens (the bf16 and
+integer drafters propose within their rounding: their tau is measured, not asserted). Prints the
 median draft / verify / bookkeeping ms per cycle of each, and each one's tau. The lean drafters
 are packed as eval packs them (timed at start-up); the module path runs unpacked.
 """
@@ -52,8 +54,10 @@ def main(argv=None) -> int:
     fast = FastTarget(target, 2048)
     pack_for_run(fast, s)
     drafters = {"module": EagleDrafter(draft, lean=False), "lean fp32": EagleDrafter(draft),
-                "lean bf16": EagleDrafter(draft, dtype=torch.bfloat16)}
-    for name in ("lean fp32", "lean bf16"):
+                "lean bf16": EagleDrafter(draft, dtype=torch.bfloat16),
+                "bf16 int8": EagleDrafter(draft, dtype=torch.bfloat16, weights="int8"),
+                "bf16 int4": EagleDrafter(draft, dtype=torch.bfloat16, weights="int4")}
+    for name in ("lean fp32", "lean bf16", "bf16 int8", "bf16 int4"):
         pack_drafter(drafters[name], s, log=lambda m, n=name: print(f"{n}: {m}"))
     prompts = load_turns_file(bundled_prompts(), args.limit)
     ids = [encode(tok, [{"role": "user", "content": pr.turns[0]}]) for pr in prompts]

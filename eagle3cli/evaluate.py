@@ -309,6 +309,7 @@ class EvalConfig:
     seed: int = 0
     warmup_tokens: int = 32
     fast: str = "auto"  # auto | on | off: verify (and decode the plain baseline) through fast_target
+    draft_weights: str = "auto"  # auto | full | int8 | int4: the drafter's matmul weights (fast_draft.weights_for)
 
     @classmethod
     def from_options(cls, opts) -> "EvalConfig":
@@ -317,7 +318,8 @@ class EvalConfig:
         return cls(tasks=list(opts.task), data=opts.data, limit=opts.limit, max_new_tokens=opts.max_new_tokens,
                    temperature=opts.temperature, top_p=opts.top_p, sampling_top_k=opts.sampling_top_k,
                    mode=opts.mode, total_tokens=total, depth=depth, top_k=top_k, steps=opts.steps,
-                   tree_auto=auto, prompt_lookup=opts.baseline == "prompt-lookup", seed=opts.seed, fast=opts.fast)
+                   tree_auto=auto, prompt_lookup=opts.baseline == "prompt-lookup", seed=opts.seed, fast=opts.fast,
+                   draft_weights=opts.draft_weights)
 
 
 # baseline_hf: HF generate; baseline_fast: plain greedy on the fast path (same forward as the
@@ -523,7 +525,7 @@ def _hist(xs):
 
 def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
     """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
-    from .fast_draft import compute_dtype
+    from .fast_draft import compute_dtype, weights_for
     from .generator import ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate
     from .generator import as_drafter, greedy_generate
 
@@ -542,11 +544,17 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
             if fast is not None and fast.low_precision else "static cache, packed matmuls")
     log(f"verification path: {f'fast (fast_target: {what})' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
-    drafter = as_drafter(draft, dtype=compute_dtype(fast))
-    draft_dtype = getattr(getattr(drafter, "lean", None), "dtype", None)
-    if draft_dtype is not None and draft_dtype != next(draft.parameters()).dtype:
-        log(f"draft steps in {str(draft_dtype).removeprefix('torch.')} beside the "
-            f"{str(fast.embed.dtype).removeprefix('torch.')} target (reading its weights is most of a step)")
+    drafter = as_drafter(draft, dtype=compute_dtype(fast), weights=weights_for(fast, cfg.draft_weights))
+    lean = getattr(drafter, "lean", None)
+    draft_dtype, draft_weights = getattr(lean, "dtype", None), getattr(lean, "weights", None)
+    if draft_dtype is not None and (draft_dtype != next(draft.parameters()).dtype or draft_weights != "full"):
+        stored = f", {draft_weights} weights" if draft_weights != "full" else ""
+        log(f"draft steps in {str(draft_dtype).removeprefix('torch.')}{stored} beside the "
+            f"{str(fast.embed.dtype).removeprefix('torch.') if fast else 'hf'} target (reading its weights is most "
+            f"of a step)")
+    if cfg.draft_weights in ("int8", "int4") and draft_weights != cfg.draft_weights:
+        log(f"--draft-weights {cfg.draft_weights}: no matmul of this draft fits torch's {cfg.draft_weights} CPU "
+            "kernel here; its weights stay full")
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)
@@ -682,6 +690,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         "fast_packing": packing,
         "draft_packing": draft_packing,
         "draft_dtype": None if draft_dtype is None else str(draft_dtype).removeprefix("torch."),
+        "draft_weights": draft_weights,
         "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
         # what greedy speculative output is compared with: HF generate, or (low precision, where only
         # the fast path's forward is row-invariant) plain decoding on the fast path

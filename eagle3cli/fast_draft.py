@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .draft import apply_rope
 from .fast_target import ONEDNN, Linear, _rms_norm, _weights
+from .weight_quant import KINDS, QuantLinear, available, quantize
 
 
 def compute_dtype(fast_target) -> torch.dtype | None:
@@ -35,6 +36,16 @@ def compute_dtype(fast_target) -> torch.dtype | None:
     if fast_target is None or fast_target.embed.dtype != torch.bfloat16:
         return None
     return torch.bfloat16 if Linear.can_pack(fast_target.head.weight, ONEDNN) else None
+
+
+def weights_for(fast_target, requested: str = "auto") -> str:
+    """What ``requested`` (``--draft-weights``: auto, full, int8, int4) stores the drafter's matmuls
+    as beside ``fast_target``. auto: int4 where the draft steps in bf16 (``compute_dtype``), the
+    setting measured there (a level reads a quarter of the bytes; same acceptance on SmolLM2:
+    docs/benchmarks.md, session 16), else full."""
+    if requested != "auto":
+        return requested
+    return "int4" if compute_dtype(fast_target) == torch.bfloat16 and available("int4") else "full"
 
 
 class ExactRowsLinear(Linear):
@@ -51,19 +62,27 @@ class FastDraft:
 
     INITIAL_LEN = 512  # cache positions at first (a few MB for SmolLM2's draft)
 
-    def __init__(self, draft, packed_rows: tuple = (), dtype: torch.dtype | None = None):
-        """``dtype``: compute in it (weights cast once, as ``draft.to(dtype)`` would); None keeps the draft's."""
+    def __init__(self, draft, packed_rows: tuple = (), dtype: torch.dtype | None = None, weights: str = "full"):
+        """``dtype``: compute in it (weights cast once, as ``draft.to(dtype)`` would); None keeps the draft's.
+        ``weights``: "full", or "int8" / "int4" to store the matmuls' weights as integers
+        (``weight_quant``; a matmul whose shape the kernel cannot take stays full)."""
         cfg, layer = draft.config, draft.midlayer
         a, m = layer.self_attn, layer.mlp
         self.draft = draft  # fuse() (with its optional norms) and the vocab maps stay the module's
         self.nh, self.nkv, self.hd = a.num_heads, a.num_kv, a.head_dim
         self.embed = draft.embed_tokens.weight.detach()
+        if weights not in ("full", *KINDS):
+            raise ValueError(f"draft weights must be full, {' or '.join(KINDS)}; got {weights!r}")
+        kind = weights
 
         def weights(*tensors):
             return _weights(*tensors, dtype=dtype)
 
         def linear(*tensors):
-            return ExactRowsLinear(weights(*tensors), None, packed_rows)
+            w = weights(*tensors)
+            # quantised from the draft's own precision, scales in the compute dtype
+            q = quantize(w, kind, source=_weights(*tensors)) if kind != "full" else None
+            return q if q is not None else ExactRowsLinear(w, None, packed_rows)
 
         self.qkv = linear(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
         self.o, self.down = linear(a.o_proj.weight), linear(m.down_proj.weight)
@@ -77,6 +96,8 @@ class FastDraft:
         self.norm_output = cfg.norm_output
         self.rotary = draft.rotary
         self.dtype = self.qkv.weight.dtype
+        # what ran: "full" where no matmul took the integer kernel (shapes, or a torch without it)
+        self.weights = kind if any(isinstance(lin, QuantLinear) for lin in self.linears()) else "full"
         self.cos = self.sin = self.k = self.v = None
         self.n = 0  # filled cache positions
         self._grow(self.INITIAL_LEN)
@@ -90,9 +111,12 @@ class FastDraft:
             lin.pack(rows)
 
     def packable(self, rows: int) -> list[str]:
-        """The packings that apply here for ``rows``-row steps: "mkl" (for exactly that many), ``ONEDNN``."""
-        w = self.head.weight
-        return [k for k in ("mkl", ONEDNN) if Linear.can_pack(w, rows if k == "mkl" else ONEDNN)]
+        """The packings that apply here for ``rows``-row steps: "mkl" (for exactly that many), ``ONEDNN``;
+        none when every matmul is integer (nothing left to pack)."""
+        full = [lin.weight for lin in self.linears() if not isinstance(lin, QuantLinear)]
+        if not full:
+            return []
+        return [k for k in ("mkl", ONEDNN) if Linear.can_pack(full[0], rows if k == "mkl" else ONEDNN)]
 
     # ---- cache ------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -76,14 +76,17 @@ class EagleDrafter:
     Steps run through ``fast_draft.FastDraft`` (fused matmuls over a static cache: about 60 tensor
     ops a step against the module path's ~270), in ``dtype`` if given; ``lean=False`` runs the
     module's own ``step`` over a ``DecodeCache``, the reference the lean path is tested against.
+    ``weights`` "int8" / "int4" stores the lean step's matmul weights as integers (``weight_quant``).
     """
 
-    def __init__(self, draft, lean: bool = True, dtype: torch.dtype | None = None):
+    def __init__(self, draft, lean: bool = True, dtype: torch.dtype | None = None, weights: str = "full"):
         from .draft import DecodeCache
         from .fast_draft import FastDraft
 
+        if not lean and weights != "full":
+            raise ValueError("integer draft weights need the lean step (lean=True)")
         self.draft = draft
-        self.lean = FastDraft(draft, dtype=dtype) if lean else None
+        self.lean = FastDraft(draft, dtype=dtype, weights=weights) if lean else None
         self.layer_ids = tuple(draft.config.aux_layer_ids)
         self.vocab = draft.config.vocab_size
         # log q stays over the draft vocabulary (8k columns, not the target's 49k): the tree's top-k
@@ -198,9 +201,10 @@ class EagleDrafter:
         self.node_slot.clear()
 
 
-def as_drafter(draft, dtype: torch.dtype | None = None) -> Drafter:
-    """``draft`` itself if it is a drafter, else an ``EagleDrafter`` computing in ``dtype`` (None: the draft's)."""
-    return draft if hasattr(draft, "observe") else EagleDrafter(draft, dtype=dtype)
+def as_drafter(draft, dtype: torch.dtype | None = None, weights: str = "full") -> Drafter:
+    """``draft`` itself if it is a drafter, else an ``EagleDrafter`` computing in ``dtype`` (None: the
+    draft's) with its matmul weights stored as ``weights`` (full, int8, int4)."""
+    return draft if hasattr(draft, "observe") else EagleDrafter(draft, dtype=dtype, weights=weights)
 
 
 # --------------------------------------------------------------------------------------

@@ -218,6 +218,9 @@ class EvalOptions(TargetOptions):
     fast: str = option("auto", "auto|on|off: verify through the fast path (static cache, packed matmuls; "
                                "Llama/Mistral/Qwen2/Qwen3, greedy) where it applies, and measure plain decoding on "
                                "it too; speedup is against the faster plain decoding.")
+    draft_weights: str = option("auto", "auto|full|int8|int4: store the drafter's matmul weights as integers "
+                                        "(CPU weight-only kernels; only proposals change, decoding stays lossless). "
+                                        "auto: int4 where the draft steps in bf16 beside a bf16 target, else full.")
     engine: str = option("eagle3", "eagle3 (our generator), llama.cpp or vllm: also measure the draft in "
                                    "llama-server or vLLM (chain of --steps, greedy), beside our numbers.")
     engine_only: bool = option(False, "With --engine llama.cpp|vllm: skip our generator.")
@@ -246,6 +249,8 @@ class EvalOptions(TargetOptions):
             raise OptionError("--max-new-tokens and --steps must be at least 1")
         if self.fast not in ("auto", "on", "off"):
             raise OptionError(f"--fast must be auto, on or off, got {self.fast!r}")
+        if self.draft_weights not in ("auto", "full", "int8", "int4"):
+            raise OptionError(f"--draft-weights must be auto, full, int8 or int4, got {self.draft_weights!r}")
         if self.data and len(self.task) != 1:
             raise OptionError("--data gives the prompts of one task; pass a single --task with it")
         check_out_dir(self.out, "--out")  # before any prompt is run: results are written last

@@ -134,6 +134,20 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     packs_bf16 = Linear.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16), ONEDNN)
     bf16_draft = res["target_dtype"] == "bfloat16" and packs_bf16
     assert res["draft_dtype"] == ("bfloat16" if bf16_draft else "float32")
+    # and with int4 weights there (fast_draft.weights_for), the draft's every matmul fitting the kernel
+    assert res["draft_weights"] == ("int4" if bf16_draft else "full")
+
+
+def test_eval_draft_weights_int8_is_lossless_and_recorded(smol_tiny_dir, turns_file, tmp_path):
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", str(turns_file),
+                            "--out", str(out), "--max-new-tokens", "8", "--mode", "chain", "--steps", "2",
+                            "--limit", "2", "--draft-weights", "int8"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["draft_weights"] == "int8" and res["tasks"]["mini"]["lossless"] is True
+    assert res["draft_packing"] is None  # every matmul is integer: nothing to pack
 
 
 def test_eval_tree_packs_the_drafts_levels_where_faster(smol_tiny_dir, turns_file, tmp_path):

@@ -184,6 +184,7 @@ def test_eval_config_from_options(tmp_path):
     ({"temperature": float("nan")}, "--temperature must be >= 0 and --top-p in (0, 1]"),
     ({"steps": 0}, "--max-new-tokens and --steps must be at least 1"),
     ({"fast": "yes"}, "--fast must be auto, on or off, got 'yes'"),
+    ({"draft_weights": "int2"}, "--draft-weights must be auto, full, int8 or int4, got 'int2'"),
     ({"task": ["a", "b"], "data": "p.jsonl"}, "--data gives the prompts of one task; pass a single --task with it"),
     ({"tree": "8"}, "--tree must be 'auto' or TOTAL,DEPTH[,TOPK] with positive integers, got '8'"),
     ({"tree": "8,0"}, "--tree must be 'auto' or TOTAL,DEPTH[,TOPK] with positive integers, got '8,0'"),
