@@ -399,12 +399,15 @@ class Eagle3Draft(nn.Module):
     # ---- pieces shared by inference and training ----------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """3*Ht target streams -> g (H), through input_norm or fc_norm when the options are on."""
-        aux = aux.to(self.fc.weight.dtype)
+        return self.fc(self.fuse_input(aux.to(self.fc.weight.dtype)))
+
+    def fuse_input(self, aux: torch.Tensor) -> torch.Tensor:
+        """What fc reads of the 3*Ht target streams: themselves, or normed by input_norm / fc_norm."""
         if self.config.norm_before_fc:
             aux = self.input_norm(aux)
         if self.config.fc_norm:
             aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, aux.chunk(3, dim=-1))], dim=-1)
-        return self.fc(aux)
+        return aux
 
     def output(self, a: torch.Tensor) -> torch.Tensor:
         """The output stream as the next step and ``logits`` see it: norm(a) with norm_output, else a."""

@@ -84,6 +84,8 @@ class FastDraft:
             q = quantize(w, kind, source=_weights(*tensors)) if kind != "full" else None
             return q if q is not None else ExactRowsLinear(w, None, packed_rows)
 
+        self.fc = linear(draft.fc.weight)
+        self.fuse_norms = cfg.norm_before_fc or cfg.fc_norm  # those stay the module's (EAGLE-3.1 options)
         self.qkv = linear(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
         self.o, self.down = linear(a.o_proj.weight), linear(m.down_proj.weight)
         self.gate_up = linear(m.gate_proj.weight, m.up_proj.weight)
@@ -103,7 +105,7 @@ class FastDraft:
         self._grow(self.INITIAL_LEN)
 
     def linears(self) -> tuple[Linear, ...]:
-        return self.qkv, self.o, self.gate_up, self.down, self.head
+        return self.fc, self.qkv, self.o, self.gate_up, self.down, self.head
 
     def repack(self, rows: tuple):
         """Pack every matmul for ``rows`` (MKL row counts and/or ``ONEDNN``); () unpacks."""
@@ -141,6 +143,13 @@ class FastDraft:
         self.n = min(self.n, n)
 
     # ---- one step ---------------------------------------------------------------------------
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """g [T, H] of the target's three streams ``aux`` [T, 3*Ht] (``Eagle3Draft.fuse``): fc here,
+        in this step's dtype and weights (in fp32 it read 4 MB of SmolLM2's draft a cycle)."""
+        if self.fuse_norms:
+            aux = self.draft.fuse_input(aux.to(self.draft.fc.weight.dtype))
+        return self.fc(aux.to(self.dtype))
+
     def step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
              mask: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on T new tokens ``ids`` [T] with ``hidden`` [T, H] (g, or a parent's output

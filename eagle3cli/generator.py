@@ -162,8 +162,8 @@ class EagleDrafter:
 
     def observe(self, next_tokens, hidden_states):
         self.rollback()
-        aux = torch.cat([hidden_states[j] for j in self.layer_ids], dim=-1)
-        g = self.draft.fuse(aux)[0]
+        aux = torch.cat([hidden_states[j] for j in self.layer_ids], dim=-1)[0]
+        g = self.lean.fuse(aux) if self.lean is not None else self.draft.fuse(aux)
         n = next_tokens.shape[-1]
         pos = torch.arange(self.verified, self.verified + n, device=g.device)
         a = self._step(next_tokens.view(n).to(g.device), g, pos)

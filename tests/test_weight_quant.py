@@ -67,6 +67,7 @@ def with_weights(draft, lean):
         a.o_proj.weight.copy_(lean.o.dequantized().float())
         m.down_proj.weight.copy_(lean.down.dequantized().float())
         ref.lm_head.weight.copy_(lean.head.dequantized().float())
+        ref.fc.weight.copy_(lean.fc.dequantized().float())
     return ref
 
 
