@@ -1,7 +1,7 @@
 """Where a speculative cycle's time goes: draft (by part), verify and bookkeeping, per cycle.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/cycle_profile.py --model TARGET --draft DRAFT \
-        [--prompts mt_bench.jsonl] [--limit 6] [--mode chain|tree] [--draft-dtype bfloat16]
+        [--prompts mt_bench.jsonl] [--limit 6] [--mode chain|tree] [--draft-dtype bfloat16] [--draft-weights int4]
 
 Runs ``speculative_generate`` on the fast path, as ``eagle3 eval`` does, on the first turns of
 ``--limit`` prompts, with the drafter's parts wrapped in timers: ``observe`` (the accepted
@@ -9,8 +9,9 @@ tokens' features in: fc + one layer step + head), ``expand`` (one tree level: a 
 head over its nodes), and inside them the layer step and the draft head (``fast_draft.FastDraft``'s,
 as eval runs them) and the rest of the log-softmax over the draft vocabulary. Prints ms per cycle
 next to the generator's own draft / verify / bookkeeping split. ``--draft-dtype`` is what the
-drafter's lean steps compute in (its proposals only: the output stays the target's greedy one);
-eval steps in bf16 beside a bf16 target on AMX CPUs, this script's target is fp32.
+drafter's lean steps compute in and ``--draft-weights`` how their matmul weights are stored (its
+proposals only: the output stays the target's greedy one); eval steps in bf16 with int4 weights
+beside a bf16 target on AMX CPUs, this script's target is fp32.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--tree", default="12,4,4", help="tree mode: TOTAL,DEPTH,TOPK")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--draft-dtype", default="float32")
+    p.add_argument("--draft-weights", default="full", choices=["full", "int8", "int4"])
     args = p.parse_args(argv)
 
     import torch
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
             return out
         return wrapped
 
-    drafter = EagleDrafter(draft, dtype=getattr(torch, args.draft_dtype))
+    drafter = EagleDrafter(draft, dtype=getattr(torch, args.draft_dtype), weights=args.draft_weights)
     pack_drafter(drafter, s)  # as eval does; before the timers, so its own timing runs are not counted
     for cls, names in ((EagleDrafter, ("observe", "expand", "_logq")), (FastDraft, ("step", "logits")),
                        (Eagle3Draft, ("fuse",))):
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
                 split[k] += r.times[k]
             cycles, tokens = cycles + r.forwards, tokens + r.decode_tokens
     per = lambda v: 1000 * v / max(1, cycles)  # noqa: E731
-    print(f"{len(prompts)} first turns, {args.mode}, draft in {args.draft_dtype}, {torch.get_num_threads()} "
+    print(f"{len(prompts)} first turns, {args.mode}, draft in {args.draft_dtype} ({args.draft_weights} weights), {torch.get_num_threads()} "
           f"threads: {cycles} cycles, tau {tokens / max(1, cycles):.3f}")
     print("per cycle: " + ", ".join(f"{k} {per(v):.2f} ms" for k, v in split.items()))
     rest = spent.get("_logq", 0.0) - spent.get("logits", 0.0)
