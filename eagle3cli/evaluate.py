@@ -555,6 +555,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     if cfg.draft_weights in ("int8", "int4") and draft_weights != cfg.draft_weights:
         log(f"--draft-weights {cfg.draft_weights}: no matmul of this draft fits torch's {cfg.draft_weights} CPU "
             "kernel here; its weights stay full")
+    elif draft_weights in ("int8", "int4") and draft_dtype == torch.float32:
+        log(f"note: --draft-weights {draft_weights} with a float32 draft step: torch's integer kernels are slower "
+            "than full weights with fp32 inputs (docs/eval.md); they pay beside a bf16 target")
     tree_auto = cfg.tree_auto and cfg.mode == "tree"
     # --tree auto packs once it has chosen the tree: timing packings for the starting tree is waste.
     packing = None if tree_auto else pack_for_run(fast, settings, log)

@@ -220,7 +220,8 @@ class EvalOptions(TargetOptions):
                                "it too; speedup is against the faster plain decoding.")
     draft_weights: str = option("auto", "auto|full|int8|int4: store the drafter's matmul weights as integers "
                                         "(CPU weight-only kernels; only proposals change, decoding stays lossless). "
-                                        "auto: int4 where the draft steps in bf16 beside a bf16 target, else full.")
+                                        "auto: int4 where the draft steps in bf16 beside a bf16 target, else full (with fp32 "
+                                        "inputs the integer kernels are slower than full weights).")
     engine: str = option("eagle3", "eagle3 (our generator), llama.cpp or vllm: also measure the draft in "
                                    "llama-server or vLLM (chain of --steps, greedy), beside our numbers.")
     engine_only: bool = option(False, "With --engine llama.cpp|vllm: skip our generator.")

@@ -143,11 +143,13 @@ def test_eval_draft_weights_int8_is_lossless_and_recorded(smol_tiny_dir, turns_f
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", str(turns_file),
                             "--out", str(out), "--max-new-tokens", "8", "--mode", "chain", "--steps", "2",
-                            "--limit", "2", "--draft-weights", "int8"])
+                            "--limit", "2", "--draft-weights", "int8", "--dtype", "float32"])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     assert res["draft_weights"] == "int8" and res["tasks"]["mini"]["lossless"] is True
-    assert res["draft_packing"] is None  # every matmul is integer: nothing to pack
+    assert res["draft_dtype"] == "float32" and res["draft_packing"] is None  # all integer: nothing to pack
+    # with fp32 inputs the integer kernels are slower than full weights: eval says so
+    assert "integer kernels are slower than full weights" in " ".join(r.output.split())
 
 
 def test_eval_tree_packs_the_drafts_levels_where_faster(smol_tiny_dir, turns_file, tmp_path):
