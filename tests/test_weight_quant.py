@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from eagle3cli import weight_quant
 from eagle3cli.generator import EagleDrafter, greedy_generate, speculative_generate
-from eagle3cli.weight_quant import Int4Linear, Int8Linear, quantize
+from eagle3cli.weight_quant import Int4Linear, Int8Linear, QuantLinear, quantize
 from test_generator import NO_EOS, draft_trees, option_draft, prompt
 from tiny import tiny_model
 
@@ -56,18 +56,23 @@ def test_shapes_the_kernels_cannot_take_stay_full():
 
 
 def with_weights(draft, lean):
-    """``draft`` with its matmul weights replaced by what ``lean``'s integer kernels multiply by."""
+    """``draft`` with its matmul weights replaced by what ``lean``'s kernels multiply by (the
+    dequantised weight of an integer matmul; a full one's own)."""
     ref = copy.deepcopy(draft)
     a, m = ref.midlayer.self_attn, ref.midlayer.mlp
+
+    def w(lin):
+        return (lin.dequantized() if isinstance(lin, QuantLinear) else lin.weight).float()
+
     with torch.no_grad():
-        q, k, v = lean.qkv.dequantized().float().split([p.weight.shape[0] for p in (a.q_proj, a.k_proj, a.v_proj)])
+        q, k, v = w(lean.qkv).split([p.weight.shape[0] for p in (a.q_proj, a.k_proj, a.v_proj)])
         a.q_proj.weight.copy_(q), a.k_proj.weight.copy_(k), a.v_proj.weight.copy_(v)
-        gate, up = lean.gate_up.dequantized().float().split(m.gate_proj.weight.shape[0])
+        gate, up = w(lean.gate_up).split(m.gate_proj.weight.shape[0])
         m.gate_proj.weight.copy_(gate), m.up_proj.weight.copy_(up)
-        a.o_proj.weight.copy_(lean.o.dequantized().float())
-        m.down_proj.weight.copy_(lean.down.dequantized().float())
-        ref.lm_head.weight.copy_(lean.head.dequantized().float())
-        ref.fc.weight.copy_(lean.fc.dequantized().float())
+        a.o_proj.weight.copy_(w(lean.o))
+        m.down_proj.weight.copy_(w(lean.down))
+        ref.lm_head.weight.copy_(w(lean.head))
+        ref.fc.weight.copy_(w(lean.fc))
     return ref
 
 
@@ -88,6 +93,28 @@ def test_integer_lean_step_is_the_draft_with_dequantized_weights(kind):
         assert b.scores == pytest.approx(a.scores, abs=1e-3)
     # and they are not the full-precision draft's weights
     assert not torch.equal(drafter.lean.head.dequantized(), draft.lm_head.weight)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_matmuls_the_kernel_cannot_take_stay_full_in_the_lean_step(kind):
+    """An MLP of 100 (gate|up 200 rows, down 100 inputs: neither kernel takes them) stays full
+    while the rest is integer; the trees are still the module path's for those weights."""
+    target = tiny_model("llama", intermediate_size=100)
+    draft = option_draft(target, {})
+    drafter = EagleDrafter(draft, weights=kind)
+    lean = drafter.lean
+    assert lean.weights == kind
+    assert not isinstance(lean.down, QuantLinear) and isinstance(lean.head, QuantLinear)
+    assert isinstance(lean.gate_up, QuantLinear) == (kind == "int8")  # 200 rows: int8 takes them, int4 not
+    # the full matmuls can still be packed, as far as this CPU packs at all
+    from eagle3cli.fast_target import ONEDNN, Linear
+
+    assert lean.packable(4) == [k for k in ("mkl", ONEDNN) if Linear.can_pack(lean.down.weight, 4 if k == "mkl" else ONEDNN)]
+    ref = EagleDrafter(with_weights(draft, lean), lean=False)
+    for a, b in zip(draft_trees(ref, target), draft_trees(drafter, target)):
+        assert a.tokens == b.tokens and a.parents == b.parents
+        assert b.scores == pytest.approx(a.scores, abs=1e-3)
 
 
 @pytest.mark.parametrize("kind", KINDS)
