@@ -68,7 +68,7 @@ class FastDraft:
         (``weight_quant``; a matmul whose shape the kernel cannot take stays full)."""
         cfg, layer = draft.config, draft.midlayer
         a, m = layer.self_attn, layer.mlp
-        self.draft = draft  # fuse() (with its optional norms) and the vocab maps stay the module's
+        self.draft = draft  # fc's optional norms (fuse_input) and the vocab maps stay the module's
         self.nh, self.nkv, self.hd = a.num_heads, a.num_kv, a.head_dim
         self.embed = draft.embed_tokens.weight.detach()
         if weights not in ("full", *KINDS):

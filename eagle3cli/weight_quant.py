@@ -30,7 +30,14 @@ class QuantLinear:
     its dtype and device), ``pack`` (nothing to pack: the integer layout is already the kernel's)."""
 
     kind = ""
+    op = ""  # torch's kernel (an attribute of ``torch``)
     packed: dict = {}
+
+    @classmethod
+    def _kernel_takes(cls, weight: torch.Tensor) -> bool:
+        """What both kernels need: a 2-D fp32/bf16 CPU weight, and a torch that has the kernel."""
+        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+                and weight.dim() == 2 and hasattr(torch, cls.op))
 
     def pack(self, rows: tuple):
         pass
@@ -46,13 +53,12 @@ class QuantLinear:
 class Int8Linear(QuantLinear):
     """Symmetric int8 with one scale per output row: Ŵ = q * s, q in [-127, 127]."""
 
-    kind = "int8"
+    kind, op = "int8", "_weight_int8pack_mm"
 
-    @staticmethod
-    def fits(weight: torch.Tensor) -> bool:
+    @classmethod
+    def fits(cls, weight: torch.Tensor) -> bool:
         # torch 2.13's CPU kernel crashes (not raises) when K is not a multiple of 16
-        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-                and weight.dim() == 2 and weight.shape[1] % 16 == 0 and hasattr(torch, "_weight_int8pack_mm"))
+        return cls._kernel_takes(weight) and weight.shape[1] % 16 == 0
 
     def __init__(self, weight: torch.Tensor, source: torch.Tensor | None = None):
         """``weight``: the matmul's weight in the compute dtype; ``source``: the same in higher
@@ -74,13 +80,12 @@ class Int4Linear(QuantLinear):
     """Asymmetric int4 in groups of ``group`` inputs: Ŵ = (q - 8) * s + z per group, q in [0, 15],
     stored in the packed layout of torch's CPU int4 kernel (N a multiple of 16)."""
 
-    kind = "int4"
+    kind, op = "int4", "_weight_int4pack_mm_for_cpu"
 
-    @staticmethod
-    def group_for(weight: torch.Tensor) -> int | None:
+    @classmethod
+    def group_for(cls, weight: torch.Tensor) -> int | None:
         """The group size this weight takes (None: it does not fit the kernel here)."""
-        if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) or weight.dim() != 2
-                or weight.shape[0] % 16 or not hasattr(torch, "_weight_int4pack_mm_for_cpu")):
+        if not cls._kernel_takes(weight) or weight.shape[0] % 16:
             return None
         return next((g for g in INT4_GROUPS if weight.shape[1] % g == 0), None)
 
@@ -126,4 +131,4 @@ def quantize(weight: torch.Tensor, kind: str, source: torch.Tensor | None = None
 
 def available(kind: str) -> bool:
     """Whether this torch has the CPU kernel for ``kind`` at all."""
-    return hasattr(torch, "_weight_int8pack_mm" if kind == "int8" else "_weight_int4pack_mm_for_cpu")
+    return hasattr(torch, CLASSES[kind].op)
