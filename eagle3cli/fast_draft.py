@@ -79,10 +79,9 @@ class FastDraft:
             return _weights(*tensors, dtype=dtype)
 
         def linear(*tensors):
-            w = weights(*tensors)
-            # quantised from the draft's own precision, scales in the compute dtype
-            q = quantize(w, kind, source=_weights(*tensors)) if kind != "full" else None
-            return q if q is not None else ExactRowsLinear(w, None, packed_rows)
+            # quantised from the draft's own precision, scales in the compute dtype; no cast copy kept
+            q = quantize(_weights(*tensors), kind, dtype) if kind != "full" else None
+            return q if q is not None else ExactRowsLinear(weights(*tensors), None, packed_rows)
 
         self.fc = linear(draft.fc.weight)
         self.fuse_norms = cfg.norm_before_fc or cfg.fc_norm  # those stay the module's (EAGLE-3.1 options)
@@ -97,7 +96,7 @@ class FastDraft:
         self.norm_before_residual = cfg.norm_before_residual
         self.norm_output = cfg.norm_output
         self.rotary = draft.rotary
-        self.dtype = self.qkv.weight.dtype
+        self.dtype = dtype or a.q_proj.weight.dtype
         # what ran: "full" where no matmul took the integer kernel (shapes, or a torch without it)
         self.weights = kind if any(isinstance(lin, QuantLinear) for lin in self.linears()) else "full"
         self.cos = self.sin = self.k = self.v = None

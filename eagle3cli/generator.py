@@ -121,11 +121,11 @@ class EagleDrafter:
     @torch.no_grad()
     def _time_step(self, rows: int, prefix: int, repeats: int) -> float:
         """Median seconds of one ``rows``-row lean step plus head behind ``prefix`` cached rows."""
-        f, w = self.lean, self.lean.head.weight
+        f, dev = self.lean, self.lean.embed.device
         gen = torch.Generator().manual_seed(0)
-        g = torch.randn(prefix + rows, f.embed.shape[1], generator=gen).to(w.device, w.dtype)
-        ids = torch.randint(0, f.embed.shape[0], (prefix + rows,), generator=gen).to(w.device)
-        pos = torch.arange(prefix + rows, device=w.device)
+        g = torch.randn(prefix + rows, f.embed.shape[1], generator=gen).to(dev, f.dtype)
+        ids = torch.randint(0, f.embed.shape[0], (prefix + rows,), generator=gen).to(dev)
+        pos = torch.arange(prefix + rows, device=dev)
         f.reset()
         f.step(ids[:prefix], g[:prefix], pos[:prefix])
         runs = []

@@ -26,18 +26,21 @@ INT4_GROUPS = (64, 32)  # the group sizes tried, larger first (fewer scales to r
 
 class QuantLinear:
     """y = x Ŵ^T for Ŵ the integer weight dequantised; no bias (the draft's matmuls have none).
-    Quacks like ``fast_target.Linear`` where ``FastDraft`` needs it: ``weight`` (the original, for
-    its dtype and device), ``pack`` (nothing to pack: the integer layout is already the kernel's)."""
+    Built from ``source`` (the weight in the draft's own precision) for inputs in ``dtype`` (the
+    step's compute dtype; default ``source``'s), which the scales and outputs are in. Only the
+    integer weight is kept: no full-precision copy stays resident. Quacks like
+    ``fast_target.Linear`` where ``FastDraft`` needs it: ``pack`` (nothing to pack: the integer
+    layout is already the kernel's)."""
 
     kind = ""
     op = ""  # torch's kernel (an attribute of ``torch``)
     packed: dict = {}
 
     @classmethod
-    def _kernel_takes(cls, weight: torch.Tensor) -> bool:
-        """What both kernels need: a 2-D fp32/bf16 CPU weight, and a torch that has the kernel."""
-        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-                and weight.dim() == 2 and hasattr(torch, cls.op))
+    def _kernel_takes(cls, source: torch.Tensor, dtype: torch.dtype | None) -> bool:
+        """What both kernels need: a 2-D CPU weight, fp32/bf16 inputs, and a torch that has the kernel."""
+        return (source.device.type == "cpu" and (dtype or source.dtype) in (torch.float32, torch.bfloat16)
+                and source.dim() == 2 and hasattr(torch, cls.op))
 
     def pack(self, rows: tuple):
         pass
@@ -46,7 +49,7 @@ class QuantLinear:
         return None
 
     def dequantized(self) -> torch.Tensor:
-        """Ŵ [N, K] in ``weight``'s dtype: what the kernel multiplies by (for tests and reference paths)."""
+        """Ŵ [N, K] in ``dtype``: what the kernel multiplies by (for tests and reference paths)."""
         raise NotImplementedError
 
 
@@ -56,21 +59,19 @@ class Int8Linear(QuantLinear):
     kind, op = "int8", "_weight_int8pack_mm"
 
     @classmethod
-    def fits(cls, weight: torch.Tensor) -> bool:
+    def fits(cls, source: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
         # torch 2.13's CPU kernel crashes (not raises) when K is not a multiple of 16
-        return cls._kernel_takes(weight) and weight.shape[1] % 16 == 0
+        return cls._kernel_takes(source, dtype) and source.shape[1] % 16 == 0
 
-    def __init__(self, weight: torch.Tensor, source: torch.Tensor | None = None):
-        """``weight``: the matmul's weight in the compute dtype; ``source``: the same in higher
-        precision to quantise from (default ``weight``)."""
-        self.weight = weight
-        w = (weight if source is None else source).detach().float()
+    def __init__(self, source: torch.Tensor, dtype: torch.dtype | None = None):
+        self.dtype = dtype or source.dtype
+        w = source.detach().float()
         scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scales = scale.to(weight.dtype)
+        self.scales = scale.to(self.dtype)
 
     def dequantized(self) -> torch.Tensor:
-        return (self.q.float() * self.scales.float()[:, None]).to(self.weight.dtype)
+        return (self.q.float() * self.scales.float()[:, None]).to(self.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
@@ -83,20 +84,20 @@ class Int4Linear(QuantLinear):
     kind, op = "int4", "_weight_int4pack_mm_for_cpu"
 
     @classmethod
-    def group_for(cls, weight: torch.Tensor) -> int | None:
+    def group_for(cls, source: torch.Tensor, dtype: torch.dtype | None = None) -> int | None:
         """The group size this weight takes (None: it does not fit the kernel here)."""
-        if not cls._kernel_takes(weight) or weight.shape[0] % 16:
+        if not cls._kernel_takes(source, dtype) or source.shape[0] % 16:
             return None
-        return next((g for g in INT4_GROUPS if weight.shape[1] % g == 0), None)
+        return next((g for g in INT4_GROUPS if source.shape[1] % g == 0), None)
 
     @classmethod
-    def fits(cls, weight: torch.Tensor) -> bool:
-        return cls.group_for(weight) is not None
+    def fits(cls, source: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+        return cls.group_for(source, dtype) is not None
 
-    def __init__(self, weight: torch.Tensor, source: torch.Tensor | None = None):
-        self.weight = weight
-        self.group = self.group_for(weight)
-        w = (weight if source is None else source).detach().float()
+    def __init__(self, source: torch.Tensor, dtype: torch.dtype | None = None):
+        self.dtype = dtype or source.dtype
+        self.group = self.group_for(source, dtype)
+        w = source.detach().float()
         n, k = w.shape
         groups = w.reshape(n, k // self.group, self.group)
         lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
@@ -104,7 +105,7 @@ class Int4Linear(QuantLinear):
         q = torch.round((groups - lo) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
         # the kernel's convention: Ŵ = (q - 8) * scale + zero, so zero = lo + 8 * scale
         zero = lo + 8 * scale
-        self.scale_zero = torch.stack([scale[..., 0], zero[..., 0]], -1).transpose(0, 1).contiguous().to(weight.dtype)
+        self.scale_zero = torch.stack([scale[..., 0], zero[..., 0]], -1).transpose(0, 1).contiguous().to(self.dtype)
         self.packed_q = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
         self._q = q.to(torch.uint8)  # kept for dequantized() only: a quarter of the bf16 bytes, never read per step
 
@@ -113,7 +114,7 @@ class Int4Linear(QuantLinear):
         sz = self.scale_zero.float()  # [k / group, n, 2]
         scale, zero = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]
         q = self._q.float().reshape(n, k // self.group, self.group)
-        return ((q - 8) * scale + zero).reshape(n, k).to(self.weight.dtype)
+        return ((q - 8) * scale + zero).reshape(n, k).to(self.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed_q, self.group, self.scale_zero)
@@ -122,11 +123,11 @@ class Int4Linear(QuantLinear):
 CLASSES = {"int8": Int8Linear, "int4": Int4Linear}
 
 
-def quantize(weight: torch.Tensor, kind: str, source: torch.Tensor | None = None) -> QuantLinear | None:
-    """``weight`` as a ``kind`` linear, or None where it does not fit that kernel here (it then stays
-    as it is: a few odd shapes of a tiny model, or a torch without the kernel)."""
+def quantize(source: torch.Tensor, kind: str, dtype: torch.dtype | None = None) -> QuantLinear | None:
+    """``source`` as a ``kind`` linear for inputs in ``dtype``, or None where it does not fit that
+    kernel here (it then stays full: a few odd shapes of a tiny model, or a torch without the kernel)."""
     cls = CLASSES[kind]
-    return cls(weight, source) if cls.fits(weight) else None
+    return cls(source, dtype) if cls.fits(source, dtype) else None
 
 
 def available(kind: str) -> bool:

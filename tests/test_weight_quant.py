@@ -27,7 +27,7 @@ def weight(n, k, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_integer_linear_multiplies_by_its_dequantized_weight(kind, dtype):
     w = weight(64, 128)
-    lin = quantize(w.to(dtype), kind, source=w)
+    lin = quantize(w, kind, dtype)
     deq = lin.dequantized().float()
     # each weight moves by at most half a quantisation step (scale / 2), and by some of them
     if kind == "int8":
