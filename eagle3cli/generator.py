@@ -173,27 +173,46 @@ class EagleDrafter:
 
     def expand(self, tree, nodes):
         dev = self.root_a.device
-        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
-        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
-        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)
         past, m = len(self.cache), len(nodes)
-        rows, cols = [], []  # besides the verified prefix: each node sees itself and its drafted ancestors
-        for row, i in enumerate(nodes):
-            rows.append(row)
-            cols.append(past + row)
-            p = tree.parents[i]
-            while p > 0:  # the root's own entry is the last verified pair
-                rows.append(row)
-                cols.append(self.node_slot[p])
-                p = tree.parents[p]
-        mask = torch.zeros(m, past + m, dtype=torch.bool, device=dev)
-        mask[:, : self.verified] = True
-        mask[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = True
-        a = self._step(tokens, hidden, pos, mask)
+        # besides the verified prefix, each node sees itself and its drafted ancestors' cache slots
+        slots = [self._ancestor_slots(tree, i) for i in nodes]
+        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
+        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)
+        if m == 1:
+            hidden = (self.root_a if tree.parents[nodes[0]] == 0 else self.node_a[tree.parents[nodes[0]]])[None]
+        else:
+            hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
+        a = self._step(tokens, hidden, pos, self._mask(slots, past))
         for row, i in enumerate(nodes):
             self.node_a[i] = a[row]
             self.node_slot[i] = past + row
         return self._logq(a)
+
+    def _ancestor_slots(self, tree, i) -> list[int]:
+        """Cache slots of node ``i``'s drafted ancestors (the root's own entry is the last verified pair)."""
+        out, p = [], tree.parents[i]
+        while p > 0:
+            out.append(self.node_slot[p])
+            p = tree.parents[p]
+        return out
+
+    def _mask(self, slots: list[list[int]], past: int) -> torch.Tensor | None:
+        """The attention mask of nodes whose drafted ancestors sit in ``slots``; None (no mask to build,
+        a few small ops less per level) where one node's ancestors are every drafted entry, as in a
+        chain: it sees the whole cache."""
+        if len(slots) == 1 and len(slots[0]) == past - self.verified:
+            return None
+        return self._tree_mask(slots, past)
+
+    def _tree_mask(self, slots: list[list[int]], past: int) -> torch.Tensor:
+        """bool [m, past + m] "may attend": the verified prefix, each node itself and its ``slots``."""
+        dev, m = self.root_a.device, len(slots)
+        rows = [r for r, s in enumerate(slots) for _ in range(len(s) + 1)]
+        cols = [c for r, s in enumerate(slots) for c in (past + r, *s)]
+        mask = torch.zeros(m, past + m, dtype=torch.bool, device=dev)
+        mask[:, : self.verified] = True
+        mask[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = True
+        return mask
 
     def rollback(self):
         self.cache.crop(self.verified)
@@ -342,6 +361,12 @@ def accept_sampling(tree: Tree, probs: torch.Tensor, gen: torch.Generator) -> tu
         cur = nxt
 
 
+def in_place(keep: list[int]) -> bool:
+    """Whether the kept tree entries ``keep`` ([0] + accepted path) are the tree's first ones, so that
+    they already sit where they belong: always for a chain, for a tree when the first branch won."""
+    return keep == list(range(len(keep)))
+
+
 def keep_cache(cache, past: int, keep: torch.Tensor):
     """Keep the prefix and the tree entries ``keep`` (indices into the tree) in every layer."""
     idx = torch.cat([torch.arange(past, device=keep.device), past + keep])
@@ -385,8 +410,10 @@ class HFVerifier:
         out = forward(self.target, ids, self.cache, attention_mask=mask, position_ids=positions)
         return out.logits[0], self._hidden(out)
 
-    def keep(self, past: int, keep: torch.Tensor):
-        keep_cache(self.cache, past, keep)
+    def keep(self, past: int, keep: list[int]):
+        # gathered even when in place: the cache must drop the rest of the tree, and DynamicCache's
+        # crop has changed its meaning across transformers releases
+        keep_cache(self.cache, past, torch.tensor(keep, device=self.target.device))
 
 
 class FastVerifier:
@@ -408,8 +435,9 @@ class FastVerifier:
     def verify(self, ids, positions, mask, past: int):
         return self.fast.forward(ids[0], positions[0], past, mask=mask[0, 0], hidden_layers=self.layers)
 
-    def keep(self, past: int, keep: torch.Tensor):
-        self.fast.keep(past, keep)
+    def keep(self, past: int, keep: list[int]):
+        if not in_place(keep):  # entries past the kept ones are simply overwritten by the next forward
+            self.fast.keep(past, torch.tensor(keep, device=self.fast.embed.device))
 
 
 def make_verifier(target, layers=None, fast=None):
@@ -524,7 +552,7 @@ def speculative_generate(
             path, bonus = accept_sampling(tree, target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), gen)
         else:
             path, bonus = accept_greedy(tree, logits)
-        keep = torch.tensor([0] + path, device=dev)
+        keep = [0] + path
         verifier.keep(past, keep)
         new = [tree.tokens[i] for i in path] + [bonus]
         res.forwards += 1
@@ -547,7 +575,8 @@ def speculative_generate(
             break
         # 4. The drafter sees the target's features of the accepted positions.
         t0 = time.perf_counter()
-        logq = drafter.observe(torch.tensor(new, device=dev), {j: h[:, keep] for j, h in hidden.items()})
+        rows = slice(0, len(keep)) if in_place(keep) else torch.tensor(keep, device=dev)
+        logq = drafter.observe(torch.tensor(new, device=dev), {j: h[:, rows] for j, h in hidden.items()})
         _sync(dev)
         times["draft"] += time.perf_counter() - t0
     drafter.rollback()

@@ -125,6 +125,8 @@ def build_greedy_tree(drafter, root_token: int, root_logq: torch.Tensor, total_t
     cand.rank_depths = [cand.depths[i] for i in order]
     for r, i in enumerate(order):
         cand.ranks[i] = r + 1
+    if total_tokens >= len(order):  # every candidate kept (a chain): the tree is already topological
+        return cand
     return cand.subtree([0] + order[:total_tokens])
 
 

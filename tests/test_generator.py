@@ -306,6 +306,40 @@ def test_lean_draft_step_drafts_the_module_path_trees_for_other_geometries(geome
         assert a.scores == pytest.approx(b.scores, abs=1e-5)
 
 
+class ExplicitMaskDrafter(EagleDrafter):
+    """Builds the tree mask for every level, chains included (the reference for the unmasked chain)."""
+
+    _mask = EagleDrafter._tree_mask
+
+
+@pytest.mark.parametrize("lean", [True, False])
+@torch.no_grad()
+def test_chain_levels_run_without_a_mask_and_draft_what_the_masked_step_drafts(lean):
+    """A chain's node sees every drafted entry, so its level runs unmasked; the chains equal those
+    drafted with the explicit mask, token for token, and every level after the first went unmasked."""
+    target = tiny_model("llama")
+    draft = option_draft(target, {})
+    unmasked = EagleDrafter(draft, lean=lean)
+    masks = []
+    mask_of = unmasked._mask
+    unmasked._mask = lambda slots, past: masks.append(mask_of(slots, past)) or masks[-1]
+    got = draft_trees(unmasked, target, total=5, depth=5, top_k=1)
+    ref = draft_trees(ExplicitMaskDrafter(draft, lean=lean), target, total=5, depth=5, top_k=1)
+    assert masks and all(m is None for m in masks) and len(masks) == 2 * 3 * 4  # 3 prompts, 2 chains, 4 levels
+    for a, b in zip(got, ref):
+        assert a.tokens == b.tokens and a.parents == [-1, 0, 1, 2, 3, 4]
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+    tree = draft_trees(unmasked, target, seeds=(0,), total=8, depth=3, top_k=2)[0]  # levels of 2 nodes: masked
+    assert len(tree) == 9 and masks[-1] is not None and masks[-1].shape[0] == 2
+
+
+def test_kept_entries_in_place_only_for_the_trees_first_entries():
+    from eagle3cli.generator import in_place
+
+    assert in_place([0]) and in_place([0, 1, 2])
+    assert not in_place([0, 2]) and not in_place([0, 1, 3])
+
+
 @torch.no_grad()
 def test_lean_draft_step_equals_module_step_and_grows_its_cache():
     """Output streams of the lean step == Eagle3Draft.step's (fp32 rounding) for a causal block,
