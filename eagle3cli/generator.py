@@ -8,7 +8,8 @@ One cycle (gpt-fast style, everything below is the whole algorithm):
             and position ids = prefix length + node depth, on the target's DynamicCache
     path  = accepted nodes: greedy (temperature 0) or multi-candidate rejection sampling
     bonus = the target's own token after the last accepted node
-    keep only [root, path] in the target cache (gather, no re-prefill); feed the target's
+    keep only [root, path] in the target cache (gather, no re-prefill; on the fast path nothing
+    moves when they are the tree's first entries, as a chain's always are); feed the target's
     hidden states of [root, path] to the drafter; bonus becomes the next root.
 
 Drafter protocol (the EAGLE-3 draft implements it here; tests plug in an oracle):

@@ -333,11 +333,32 @@ def test_chain_levels_run_without_a_mask_and_draft_what_the_masked_step_drafts(l
     assert len(tree) == 9 and masks[-1] is not None and masks[-1].shape[0] == 2
 
 
-def test_kept_entries_in_place_only_for_the_trees_first_entries():
+@torch.no_grad()
+def test_kept_entries_move_only_when_not_already_in_place():
+    """The fast path gathers the kept tree entries only when they are not the tree's first ones: a
+    chain never moves its cache, a tree moves when a later branch wins; both stay lossless."""
+    from eagle3cli.fast_target import FastTarget
     from eagle3cli.generator import in_place
 
     assert in_place([0]) and in_place([0, 1, 2])
     assert not in_place([0, 2]) and not in_place([0, 1, 3])
+    target = tiny_model("llama")
+    fast = FastTarget(target, 128)
+    moved = []
+    keep = fast.keep
+    fast.keep = lambda past, idx: moved.append(idx.tolist()) or keep(past, idx)
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)  # right often, not always: paths end mid-tree
+    for mode in ("chain", "tree"):
+        moved.clear()
+        ids = prompt(3)
+        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS)
+        out = speculative_generate(target, oracle, ids, mode=mode, steps=3, total_tokens=8, depth=3, top_k=2,
+                                   max_new_tokens=30, eos_token_id=NO_EOS, fast=fast)
+        assert out.tokens == ref
+        if mode == "chain":
+            assert moved == [] and max(out.accept_lengths) > 1
+        else:
+            assert moved and all(not in_place(m) for m in moved)
 
 
 @torch.no_grad()
