@@ -319,17 +319,25 @@ def eos_ids(model, eos_token_id=None) -> set[int]:
 # --------------------------------------------------------------------------------------
 # Acceptance
 # --------------------------------------------------------------------------------------
-def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Follow the target's argmax down the tree: (accepted nodes, bonus token)."""
+def accept_greedy(tree: Tree, logits: torch.Tensor, per_row: bool | None = None) -> tuple[list[int], int]:
+    """Follow the target's argmax down the tree: (accepted nodes, bonus token). ``per_row``: reduce
+    only the rows along the path, one at a time (None: on a CPU)."""
     # max(-1).indices is argmax (both documented to return the first maximal index; ties, NaN and
     # all -inf rows tested equal) at a fraction of its cost on a CPU: 17 bf16 rows of 49k logits
-    # 0.34 ms against 1.6 (docs/benchmarks.md, session 13)
-    choice = logits.max(-1).indices.tolist()
+    # 0.34 ms against 1.6 (docs/benchmarks.md, session 13). On a CPU only the rows along the path
+    # are reduced (a 16-node tree: 0.68 ms a cycle for all 17 rows, docs/benchmarks.md session 17);
+    # on an accelerator all rows at once, one host synchronisation instead of one per row.
+    if per_row if per_row is not None else logits.device.type == "cpu":
+        row = lambda i: int(logits[i].max(-1).indices)  # noqa: E731
+    else:
+        choice = logits.max(-1).indices.tolist()
+        row = choice.__getitem__
     path, cur = [], 0
     while True:
-        nxt = next((c for c in tree.children[cur] if tree.tokens[c] == choice[cur]), None)
+        token = row(cur)
+        nxt = next((c for c in tree.children[cur] if tree.tokens[c] == token), None)
         if nxt is None:
-            return path, choice[cur]
+            return path, token
         path.append(nxt)
         cur = nxt
 

@@ -464,11 +464,13 @@ def test_drafter_pack_keeps_the_fastest_measured():
         assert len(drafter.cache) == 0  # the timing steps leave nothing behind
 
 
+@pytest.mark.parametrize("per_row", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-def test_accept_greedy_breaks_ties_as_argmax(dtype):
+def test_accept_greedy_breaks_ties_as_argmax(dtype, per_row):
     """Plain decoding takes argmax (the first maximal index); acceptance must pick the same token
     where logits tie, which bf16 logits often do: at every level the row's maximum sits at two
-    tokens, and the tree offers the later one first."""
+    tokens, and the tree offers the later one first. Row by row (a CPU's way) and all rows at once
+    (an accelerator's) alike."""
     from eagle3cli.generator import accept_greedy
 
     gen = torch.Generator().manual_seed(0)
@@ -482,7 +484,7 @@ def test_accept_greedy_breaks_ties_as_argmax(dtype):
     logits = torch.randint(-4, 4, (len(tree), vocab), generator=gen).to(dtype)  # row i: after node i
     for node, (first, later) in zip(on_path, pairs):
         logits[node, first] = logits[node, later] = 9
-    path, bonus = accept_greedy(tree, logits)
+    path, bonus = accept_greedy(tree, logits, per_row=per_row)
     assert path == on_path[1:] and [tree.tokens[i] for i in path] == [f for f, _ in pairs[:depth]]
     assert bonus == pairs[-1][0] == int(logits[on_path[-1]].argmax())
 
