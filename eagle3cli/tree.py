@@ -111,8 +111,8 @@ def build_greedy_tree(drafter, root_token: int, root_logq: torch.Tensor, total_t
         if ids is not None:
             toks = ids[toks]
         new = []
-        for row, parent in enumerate(frontier):
-            for v, t in zip(vals[row].tolist(), toks[row].tolist()):
+        for parent, row_vals, row_toks in zip(frontier, vals.tolist(), toks.tolist()):  # two host copies a level
+            for v, t in zip(row_vals, row_toks):
                 if v > -math.inf:
                     new.append(cand.add(t, parent, cand.scores[parent] + v))
         if not new or level == depth:
