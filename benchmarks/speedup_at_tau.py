@@ -21,11 +21,14 @@ the speedup against plain greedy decoding on the same fast path (the faster base
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
 
 import torch
+
+from eagle3cli.tree import token_ids
 
 
 class Steered:
@@ -35,7 +38,7 @@ class Steered:
 
     def __init__(self, inner, reference: list[int], hit: float, seed: int = 0):
         self.inner, self.ref, self.hit = inner, reference, hit
-        self.token_ids = getattr(inner, "token_ids", None)
+        self.token_ids = token_ids(inner)
         self.vocab, self.layer_ids = inner.vocab, inner.layer_ids
         ids = self.token_ids.tolist() if self.token_ids is not None else range(inner.vocab)
         self.column = {int(t): c for c, t in enumerate(ids)}
@@ -97,7 +100,7 @@ def setup(args):
     cfg = EvalConfig(tasks=[], mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
                      max_new_tokens=args.max_new_tokens)
     spec = TargetSpec(args.model, device="cpu", dtype=args.dtype)
-    spec = TargetSpec(args.model, device="cpu", dtype=eval_dtype(spec, cfg))
+    spec = dataclasses.replace(spec, dtype=eval_dtype(spec, cfg))  # as evaluate_spec loads it
     target, tok = load_target(spec), load_tokenizer(spec)
     draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=torch.float32)
     draft.eval()

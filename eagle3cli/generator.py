@@ -179,10 +179,7 @@ class EagleDrafter:
         slots = [self._ancestor_slots(tree, i) for i in nodes]
         tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
         pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)
-        if m == 1:
-            hidden = (self.root_a if tree.parents[nodes[0]] == 0 else self.node_a[tree.parents[nodes[0]]])[None]
-        else:
-            hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
+        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
         a = self._step(tokens, hidden, pos, self._mask(slots, past))
         for row, i in enumerate(nodes):
             self.node_a[i] = a[row]
@@ -327,7 +324,9 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, per_row: bool | None = None)
     # 0.34 ms against 1.6 (docs/benchmarks.md, session 13). On a CPU only the rows along the path
     # are reduced (a 16-node tree: 0.68 ms a cycle for all 17 rows, docs/benchmarks.md session 17);
     # on an accelerator all rows at once, one host synchronisation instead of one per row.
-    if per_row if per_row is not None else logits.device.type == "cpu":
+    if per_row is None:
+        per_row = logits.device.type == "cpu"
+    if per_row:
         row = lambda i: int(logits[i].max(-1).indices)  # noqa: E731
     else:
         choice = logits.max(-1).indices.tolist()
