@@ -1,19 +1,20 @@
 """The draft's inference step as plain tensors: what ``fast_target`` is for the target.
 
-A drafting level of a 135M target's draft reads ~35 MB of weights in 8 small matmuls, and on a
-CPU the module path (``Eagle3Draft.step``) spent about as long again in ~270 small tensor ops
-and their Python dispatch: RoPE recomputed from the positions, RMSNorm in six ops per norm,
-q, k, v and gate, up as separate matmuls, views and transposes of a batch dimension of one
-(docs/benchmarks.md, session 15). This module runs the same layer with the same weights and
-the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE tables are ``draft.Rotary``'s for
-every position), per step only
+A drafting level of a 135M target's draft reads ~5 MB of int4 weights in 5 small matmuls, and on a
+CPU every other tensor op costs about as much to dispatch as it computes (2-3 us each); the module
+path (``Eagle3Draft.step``) ran ~270 of them a step: RoPE recomputed from the positions, RMSNorm in
+six ops per norm, q, k, v and gate, up as separate matmuls, views and transposes of a batch
+dimension of one (docs/benchmarks.md, session 15). This module runs the same layer with the same
+weights and the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE tables are
+``draft.Rotary``'s for every position) in about 45 ops a step, on one sequence (no batch dimension):
 
-    emb, hidden -> two rmsnorms -> [q|k|v] one matmul -> rope on q and k at once -> write k, v
-      (KV heads repeated) into the preallocated cache -> SDPA over the cache (tree mask)
-      -> o_proj -> residual -> rmsnorm -> [gate|up] one matmul -> act(gate) * up -> down -> residual
+    [emb | hidden] side by side -> both input norms at once -> [q|k|v] one matmul -> RoPE on q's and
+      k's heads at once, in place -> k, v written into the preallocated cache in one copy -> SDPA
+      over the cache (tree mask; grouped KV heads as they are) -> o_proj -> residual -> rmsnorm
+      -> [gate|up] one matmul -> act(gate) * up -> down -> residual
 
-on one sequence (no batch dimension). ``Eagle3Draft.step`` stays the reference: training uses
-it, and tests hold this step to it (tests/test_generator.py).
+``Eagle3Draft.step`` stays the reference: training uses it, and tests hold this step to it
+(tests/test_generator.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .draft import apply_rope
 from .fast_target import ONEDNN, Linear, _rms_norm, _weights
 from .weight_quant import KINDS, QuantLinear, available, quantize
 
@@ -89,7 +89,8 @@ class FastDraft:
         self.o, self.down = linear(a.o_proj.weight), linear(m.down_proj.weight)
         self.gate_up = linear(m.gate_proj.weight, m.up_proj.weight)
         self.head = linear(draft.lm_head.weight)
-        self.ln_emb, self.ln_hidden = weights(layer.input_layernorm.weight), weights(layer.hidden_norm.weight)
+        # the two input norms as one [2, H] weight: embedding and hidden stream are normed side by side
+        self.ln_in = weights(torch.stack([layer.input_layernorm.weight, layer.hidden_norm.weight]))
         self.ln_post, self.norm = weights(layer.post_attention_layernorm.weight), weights(draft.norm.weight)
         self.eps = layer.input_layernorm.eps
         self.act, self.inter = m.act_fn, m.gate_proj.weight.shape[0]
@@ -99,7 +100,7 @@ class FastDraft:
         self.dtype = dtype or a.q_proj.weight.dtype
         # what ran: "full" where no matmul took the integer kernel (shapes, or a torch without it)
         self.weights = kind if any(isinstance(lin, QuantLinear) for lin in self.linears()) else "full"
-        self.cos = self.sin = self.k = self.v = None
+        self.rope = self.kv = None
         self.n = 0  # filled cache positions
         self._grow(self.INITIAL_LEN)
 
@@ -125,15 +126,19 @@ class FastDraft:
 
     def _grow(self, length: int):
         """Room for ``length`` positions: the cache (kept) and the RoPE tables of every position."""
-        w = self.embed
+        w, hd = self.embed, self.hd
         pos = torch.arange(length, device=w.device)[None]
         cos, sin = self.rotary(pos, self.dtype)  # [1, 1, length, hd], as Rotary computes per step
-        self.cos, self.sin = cos[0, 0], sin[0, 0]
-        k = torch.zeros(self.nh, length, self.hd, dtype=self.dtype, device=w.device)
-        v = torch.zeros_like(k)
-        if self.k is not None:
-            k[:, : self.n], v[:, : self.n] = self.k[:, : self.n], self.v[:, : self.n]
-        self.k, self.v = k, v
+        cos, sin = cos[0, 0], sin[0, 0]
+        # rotate_half(x) * sin is x's two halves swapped times sin with its first half negated, bitwise
+        # (x * -s == -(x * s)); the swap is a flip of a [2, hd / 2] view, one op instead of four
+        signed = torch.cat([-sin[:, : hd // 2], sin[:, hd // 2:]], -1)
+        self.rope = torch.stack([cos, signed], 1)[:, :, None]  # [length, 2, 1, hd]: one index a step
+        kv = torch.zeros(2, self.nkv, length, hd, dtype=self.dtype, device=w.device)  # keys, values
+        if self.kv is not None:
+            kv[:, :, : self.n] = self.kv[:, :, : self.n]
+        self.kv = kv
+        self.keys, self.values = kv[:1], kv[1:]  # [1, nkv, length, hd]: SDPA's layout, no copy
 
     def reset(self):
         self.n = 0
@@ -149,6 +154,7 @@ class FastDraft:
             aux = self.draft.fuse_input(aux.to(self.draft.fc.weight.dtype))
         return self.fc(aux.to(self.dtype))
 
+    @torch.inference_mode()  # its cache is written in place: always in inference mode, whoever calls
     def step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
              mask: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on T new tokens ``ids`` [T] with ``hidden`` [T, H] (g, or a parent's output
@@ -158,30 +164,28 @@ class FastDraft:
         the drafter's always are (a node at depth d sits at position verified - 1 + d)."""
         t, past = ids.shape[0], self.n
         need = past + t
-        if need > self.k.shape[1]:  # positions stay below len + T (the drafter's never pass it): tables fit
+        if need > self.kv.shape[2]:  # positions stay below len + T (the drafter's never pass it): tables fit
             self._grow(2 * need)
-        dtype = self.dtype
-        emb = F.embedding(ids, self.embed).to(dtype)
-        hidden = hidden.to(dtype)
-        hidden_normed = _rms_norm(hidden, self.ln_hidden, self.eps)
-        x = torch.cat([_rms_norm(emb, self.ln_emb, self.eps), hidden_normed], -1)
-        qkv = self.qkv(x).view(t, self.nh + 2 * self.nkv, self.hd)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [T, 1, hd]
-        qk = qkv[:, : self.nh + self.nkv]
-        qk = apply_rope(qk, cos, sin)  # q's and k's heads in one go
-        q, k, v = qk[:, : self.nh], qk[:, self.nh:], qkv[:, self.nh + self.nkv:]
-        rep = self.nh // self.nkv  # KV heads repeated to the query heads once, as they are written
-        self.k.view(self.nkv, rep, -1, self.hd)[:, :, past:need] = k.transpose(0, 1)[:, None]
-        self.v.view(self.nkv, rep, -1, self.hd)[:, :, past:need] = v.transpose(0, 1)[:, None]
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        hidden = hidden.to(self.dtype)
+        x = torch.stack([F.embedding(ids, self.embed).to(self.dtype), hidden], 1)  # [T, 2, H], embedding first
+        x = _rms_norm(x, self.ln_in, self.eps)
+        qkv = self.qkv(x.view(t, -1)).view(t, nh + 2 * nkv, hd)
+        cos, sin = self.rope[pos].unbind(1)  # [T, 1, hd]
+        qk = qkv.narrow(1, 0, nh + nkv)
+        swapped = qk.view(t, nh + nkv, 2, hd // 2).flip(2).view(t, nh + nkv, hd)
+        torch.add(qk * cos, swapped * sin, out=qk)  # RoPE on q's and k's heads, written back into qkv
+        self.kv.narrow(2, past, t).copy_(qkv[:, nh:].view(t, 2, nkv, hd).permute(1, 2, 0, 3))
         self.n = need
         if mask is None and t > 1:
             mask = torch.ones(t, need, dtype=torch.bool, device=x.device).tril(past)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], self.k[None, :, :need], self.v[None, :, :need],
-                                           attn_mask=None if mask is None else mask[None, None])
-        residual = hidden_normed if self.norm_before_residual else hidden
-        h = residual + self.o(o[0].transpose(0, 1).reshape(t, -1))
-        gate, up = self.gate_up(_rms_norm(h, self.ln_post, self.eps)).split(self.inter, dim=-1)
-        a = h + self.down(self.act(gate) * up)
+        o = F.scaled_dot_product_attention(qkv[:, :nh].transpose(0, 1)[None], self.keys.narrow(2, 0, need),
+                                           self.values.narrow(2, 0, need),
+                                           attn_mask=None if mask is None else mask[None, None], enable_gqa=nkv != nh)
+        residual = x[:, 1] if self.norm_before_residual else hidden
+        h = residual + self.o(o.transpose(1, 2).reshape(t, nh * hd))
+        gu = self.gate_up(_rms_norm(h, self.ln_post, self.eps))
+        a = h + self.down(self.act(gu[:, : self.inter]) * gu[:, self.inter:])
         return _rms_norm(a, self.norm, self.eps) if self.norm_output else a
 
     def logits(self, a: torch.Tensor) -> torch.Tensor:

@@ -263,7 +263,7 @@ class FastTarget:
             k[:, :, :self.k.shape[2]], v[:, :, :self.v.shape[2]] = self.k, self.v
         self.k, self.v = k, v
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None = None,
                 hidden_layers=(), logits: str = "all"):
         """Run n new tokens ``ids`` [n] at ``positions`` [n], writing cache slots past..past+n-1.
@@ -316,6 +316,7 @@ class FastTarget:
         """Whether the weights are bf16/fp16 and attention runs in float64 (on a CPU: ``attention_dtype``)."""
         return self.attn_dtype != self.embed.dtype
 
+    @torch.inference_mode()
     def keep(self, past: int, keep: torch.Tensor):
         """Move tree entries ``past + keep`` to slots past, past+1, ... (only those few entries)."""
         src = past + keep
@@ -335,7 +336,7 @@ def has_amx_bf16() -> bool:
     return cpu_has("amx_tile")
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) -> bool:
     """Whether verifying ``rows`` tokens here gives bitwise the logits that decoding them one at a
     time gives: for a chain, and for every node of a binary tree against its own path. Only then

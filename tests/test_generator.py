@@ -362,15 +362,43 @@ def test_kept_entries_move_only_when_not_already_in_place():
 
 
 @torch.no_grad()
-def test_lean_draft_step_equals_module_step_and_grows_its_cache():
+def test_generation_runs_in_inference_mode_and_its_caches_serve_outside_it(monkeypatch):
+    """Generation runs under torch.inference_mode (every op a little cheaper to dispatch on a CPU), so
+    the caches that grow inside it are inference tensors; the lean draft step and the fast target
+    write theirs in place, and still do when called outside it (a drafter drafted with directly, a
+    fast target timed), drafting what a fresh drafter drafts."""
+    from eagle3cli.fast_draft import FastDraft
+
+    monkeypatch.setattr(FastDraft, "INITIAL_LEN", 4)
+    monkeypatch.setattr(FastTarget, "INITIAL_LEN", 8)
+    target = tiny_model("llama")
+    draft = option_draft(target, {})
+    drafter, fast, seen = EagleDrafter(draft), FastTarget(target, 128), []
+    observe = drafter.observe
+    drafter.observe = lambda *a: seen.append(torch.is_inference_mode_enabled()) or observe(*a)
+    ids = prompt(3)
+    out = speculative_generate(target, drafter, ids, mode="chain", steps=3, max_new_tokens=20,
+                               eos_token_id=NO_EOS, fast=fast)
+    assert out.tokens == greedy_generate(target, ids, 20, eos_token_id=NO_EOS)
+    assert seen and all(seen) and not torch.is_inference_mode_enabled()
+    assert drafter.lean.kv.is_inference() and fast.k.is_inference()  # both grew inside
+    got = draft_trees(drafter, target)  # writes the grown draft cache outside inference mode
+    for a, b in zip(got, draft_trees(EagleDrafter(draft), target)):
+        assert a.tokens == b.tokens and a.parents == b.parents
+    logits, _ = fast.forward(ids[0], torch.arange(ids.shape[1]), 0)
+    torch.testing.assert_close(logits, target(ids).logits[0], atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_lean_draft_step_equals_module_step_and_grows_its_cache(monkeypatch):
     """Output streams of the lean step == Eagle3Draft.step's (fp32 rounding) for a causal block,
     a masked block and one row, across the cache's growth (capacity 4 here) and a crop."""
     from eagle3cli.fast_draft import FastDraft
 
     target = tiny_model("llama")
     draft = option_draft(target, {})
+    monkeypatch.setattr(FastDraft, "INITIAL_LEN", 4)  # the first step below outgrows it
     fast = FastDraft(draft)
-    fast.k, fast.v, fast.cos = fast.k[:, :4], fast.v[:, :4], fast.cos[:4]  # force growth from 4 positions
     cache = KVCache()
     gen = torch.Generator().manual_seed(0)
     H = draft.config.hidden_size
@@ -382,7 +410,7 @@ def test_lean_draft_step_equals_module_step_and_grows_its_cache():
     pos = torch.tensor([5, 6, 4])
     a_ref = draft.step(ids[None, 6:9], g[None, 6:9], pos[None], cache, attn_mask=mask[None, None])[0]
     torch.testing.assert_close(fast.step(ids[6:9], g[6:9], pos, mask), a_ref, atol=1e-5, rtol=1e-5)
-    assert len(fast) == 9 and fast.k.shape[1] >= 9
+    assert len(fast) == 9 and fast.kv.shape[2] >= 9
     fast.crop(6)
     cache.crop(6)
     a_ref = draft.step(ids[None, 6:7], g[None, 6:7], torch.tensor([[6]]), cache)[0]
@@ -487,6 +515,28 @@ def test_accept_greedy_breaks_ties_as_argmax(dtype, per_row):
     path, bonus = accept_greedy(tree, logits, per_row=per_row)
     assert path == on_path[1:] and [tree.tokens[i] for i in path] == [f for f, _ in pairs[:depth]]
     assert bonus == pairs[-1][0] == int(logits[on_path[-1]].argmax())
+
+
+@pytest.mark.parametrize("vocab", [49152, 151936, 128256, 300])
+def test_row_argmax_is_argmax(vocab):
+    """The blockwise argmax acceptance uses on a CPU is ``argmax`` (the first maximal index) on rows
+    full of ties, with NaN, all -inf, +inf twice, in bf16 and fp32, for vocabularies that split into
+    1,024- or 128-wide blocks and ones that do not."""
+    from eagle3cli.generator import row_argmax
+
+    gen = torch.Generator().manual_seed(vocab)
+    for trial in range(60):
+        row = torch.randint(-3, 3, (vocab,), generator=gen).to(torch.bfloat16 if trial % 2 else torch.float32)
+        kind = trial % 6
+        if kind == 1:
+            row[torch.randint(0, vocab, (3,), generator=gen)] = float("nan")
+        elif kind == 2:
+            row[:] = float("-inf")
+        elif kind == 3:
+            row[torch.randint(0, vocab, (2,), generator=gen)] = float("inf")
+        elif kind == 4:  # the maximum only in the last block, tied with nothing
+            row[-1] = 7
+        assert row_argmax(row) == int(row.argmax()), (trial, kind)
 
 
 def test_accept_sampling_exact_on_synthetic_tree():
