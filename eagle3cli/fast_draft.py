@@ -6,7 +6,7 @@ path (``Eagle3Draft.step``) ran ~270 of them a step: RoPE recomputed from the po
 six ops per norm, q, k, v and gate, up as separate matmuls, views and transposes of a batch
 dimension of one (docs/benchmarks.md, session 15). This module runs the same layer with the same
 weights and the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE tables are
-``draft.Rotary``'s for every position) in about 45 ops a step, on one sequence (no batch dimension):
+``draft.Rotary``'s for every position) in about 60 ops a step, on one sequence (no batch dimension):
 
     [emb | hidden] side by side -> both input norms at once -> [q|k|v] one matmul -> RoPE on q's and
       k's heads at once, in place -> k, v written into the preallocated cache in one copy -> SDPA
@@ -156,12 +156,17 @@ class FastDraft:
 
     @torch.inference_mode()  # its cache is written in place: always in inference mode, whoever calls
     def step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
+             mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
         """The layer on T new tokens ``ids`` [T] with ``hidden`` [T, H] (g, or a parent's output
         stream) at positions ``pos`` [T], appended to the cache; ``mask`` [T, len + T] bool "may
         attend" (None: causal, the whole cache visible). Returns the output stream [T, H]
         (``Eagle3Draft.output``), as ``Eagle3Draft.step`` does. Positions must be below len + T, as
-        the drafter's always are (a node at depth d sits at position verified - 1 + d)."""
+        the drafter's always are (a node at depth d sits at position verified - 1 + d).
+
+        ``last_only`` (causal steps): every row's keys and values are cached, but only the last row
+        goes through attention and the MLP, and only its output stream [1, H] is returned. The
+        verified rows a cycle appends need nothing else: their own outputs are never read, and the
+        last one sees the whole cache, so no mask is built either."""
         t, past = ids.shape[0], self.n
         need = past + t
         if need > self.kv.shape[2]:  # positions stay below len + T (the drafter's never pass it): tables fit
@@ -177,6 +182,10 @@ class FastDraft:
         torch.add(qk * cos, swapped * sin, out=qk)  # RoPE on q's and k's heads, written back into qkv
         self.kv.narrow(2, past, t).copy_(qkv[:, nh:].view(t, 2, nkv, hd).permute(1, 2, 0, 3))
         self.n = need
+        if last_only and t > 1:
+            if mask is not None:
+                raise ValueError("last_only steps are causal: no mask")
+            qkv, x, hidden, t = qkv[-1:], x[-1:], hidden[-1:], 1
         if mask is None and t > 1:
             mask = torch.ones(t, need, dtype=torch.bool, device=x.device).tril(past)
         o = F.scaled_dot_product_attention(qkv[:, :nh].transpose(0, 1)[None], self.keys.narrow(2, 0, need),

@@ -152,14 +152,17 @@ class EagleDrafter:
     def _logq(self, a: torch.Tensor) -> torch.Tensor:
         """log q [T, C] of output streams ``a`` [T, H]."""
         logits = self.lean.logits(a) if self.lean is not None else self.draft.logits(a)
-        return torch.log_softmax(logits.float(), dim=-1)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # cast inside: one op, the same values
 
-    def _step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask=None) -> torch.Tensor:
-        """ids [T], hidden [T, H], pos [T], mask [T, len + T] or None (causal) -> output streams [T, H]."""
+    def _step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask=None,
+              last_only: bool = False) -> torch.Tensor:
+        """ids [T], hidden [T, H], pos [T], mask [T, len + T] or None (causal) -> output streams [T, H]
+        (``last_only``: the last row's [1, H]; the lean step computes only that one)."""
         if self.lean is not None:
-            return self.lean.step(ids, hidden, pos, mask)
-        return self.draft.step(ids[None], hidden[None], pos[None], self.cache,
-                               attn_mask=None if mask is None else mask[None, None])[0]
+            return self.lean.step(ids, hidden, pos, mask, last_only=last_only)
+        a = self.draft.step(ids[None], hidden[None], pos[None], self.cache,
+                            attn_mask=None if mask is None else mask[None, None])[0]
+        return a[-1:] if last_only else a
 
     def observe(self, next_tokens, hidden_states):
         self.rollback()
@@ -167,10 +170,11 @@ class EagleDrafter:
         g = self.lean.fuse(aux) if self.lean is not None else self.draft.fuse(aux)
         n = next_tokens.shape[-1]
         pos = torch.arange(self.verified, self.verified + n, device=g.device)
-        a = self._step(next_tokens.view(n).to(g.device), g, pos)
+        # only the last verified row's output is read (the root's children); the others are cached
+        a = self._step(next_tokens.view(n).to(g.device), g, pos, last_only=True)
         self.verified += n
         self.root_a = a[-1]
-        return self._logq(a[-1:])[0]
+        return self._logq(a)[0]
 
     def expand(self, tree, nodes):
         dev = self.root_a.device
@@ -344,11 +348,14 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, per_row: bool | None = None)
 
 def row_argmax(row: torch.Tensor) -> int:
     """``int(row.argmax())`` of a 1-D row, the first maximal index (ties, NaN and -inf as argmax; tested),
-    found in two passes: the maximum of each block of the row, then the first block holding the
-    largest. On a CPU one reduction of a 49k-token row tracks its index element by element (39 us
-    for bf16), blocks of it take 24 (docs/benchmarks.md, session 18)."""
+    on a CPU found in two passes: the maximum of each block of the row, then the first block holding the
+    largest. There one reduction of a 49k-token row tracks its index element by element (39 us for
+    bf16; ``argmax`` itself 157), blocks of it take 24 (docs/benchmarks.md, session 18). Plain
+    decoding takes its tokens the same way, so the baseline is as fast as the speculative loop."""
     n = row.shape[0]
     width = next((w for w in (1024, 512, 256, 128) if n % w == 0 and n >= 4 * w), None)
+    if row.device.type != "cpu":  # one reduction, one host synchronisation
+        return int(row.argmax())
     if width is None:  # a small or odd vocabulary: one pass
         return int(row.max(-1).indices)
     values, at = row.view(-1, width).max(-1)
@@ -647,7 +654,7 @@ def _fast_greedy(fast, input_ids, max_new_tokens: int, stops: set[int]) -> list[
     logits, _ = fast.forward(input_ids[0], torch.arange(n, device=input_ids.device), 0, logits="last")
     toks = []
     while True:
-        t = int(logits[-1].argmax())
+        t = row_argmax(logits[-1])
         toks.append(t)
         if t in stops or len(toks) >= max_new_tokens:
             return toks

@@ -107,9 +107,11 @@ def build_greedy_tree(drafter, root_token: int, root_logq: torch.Tensor, total_t
     for level in range(1, depth + 1):
         if level > 1:
             logq = drafter.expand(cand, frontier)
-        vals, toks = logq.float().topk(min(top_k, logq.shape[-1]), dim=-1)
+        logq = logq.float()
+        # a chain's one child: the row maximum (6 us for 8,192 columns against top-k's 15)
+        vals, toks = logq.max(-1, keepdim=True) if top_k == 1 else logq.topk(min(top_k, logq.shape[-1]), dim=-1)
         if ids is not None:
-            toks = ids[toks]
+            toks = ids.take(toks)
         new = []
         for parent, row_vals, row_toks in zip(frontier, vals.tolist(), toks.tolist()):  # two host copies a level
             for v, t in zip(row_vals, row_toks):

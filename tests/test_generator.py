@@ -418,6 +418,32 @@ def test_lean_draft_step_equals_module_step_and_grows_its_cache(monkeypatch):
     torch.testing.assert_close(fast.logits(a_ref), draft.logits(a_ref), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("options", ["eagle3", "norm_before_residual", "eagle3.1"])
+@torch.no_grad()
+def test_lean_step_of_the_last_row_only_caches_every_row(options):
+    """``last_only``: a causal block's keys and values are all cached (bitwise those of the full
+    step), the output is the full step's last row, and the next step sees the same cache; a mask
+    is refused (the last row of a causal block sees everything)."""
+    from eagle3cli.fast_draft import FastDraft
+
+    target = tiny_model("llama")
+    draft = option_draft(target, LEAN_OPTIONS[options])
+    full, last = FastDraft(draft), FastDraft(draft)
+    gen = torch.Generator().manual_seed(1)
+    ids, g = torch.randint(0, 256, (12,), generator=gen), torch.randn(12, draft.config.hidden_size, generator=gen)
+    for lo, hi in ((0, 5), (5, 9), (9, 10)):  # a prefill-sized block, a cycle's accepted rows, one row
+        pos = torch.arange(lo, hi)
+        a_full = full.step(ids[lo:hi], g[lo:hi], pos)
+        a_last = last.step(ids[lo:hi], g[lo:hi], pos, last_only=True)
+        assert a_last.shape == (1, draft.config.hidden_size) and len(last) == len(full) == hi
+        torch.testing.assert_close(a_last, a_full[-1:], atol=1e-5, rtol=1e-5)
+        assert torch.equal(last.kv[:, :, :hi], full.kv[:, :, :hi])
+    torch.testing.assert_close(last.step(ids[10:12], g[10:12], torch.arange(10, 12)),
+                               full.step(ids[10:12], g[10:12], torch.arange(10, 12)), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="causal"):
+        last.step(ids[:2], g[:2], torch.arange(12, 14), torch.ones(2, 14, dtype=torch.bool), last_only=True)
+
+
 @torch.no_grad()
 def test_lean_draft_in_bf16_is_the_module_draft_in_bf16():
     """``dtype=bfloat16`` computes what ``draft.to(bfloat16)`` computes through the module path (within
