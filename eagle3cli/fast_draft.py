@@ -2,11 +2,12 @@
 
 A drafting level of a 135M target's draft reads ~20 MB of bf16 weights (5 MB as int4) in 5 small
 matmuls, and on a CPU every other tensor op costs about as much to dispatch as it computes (2-3 us
-each); the module path (``Eagle3Draft.step``) ran ~270 of them a step: RoPE recomputed from the positions, RMSNorm in
-six ops per norm, q, k, v and gate, up as separate matmuls, views and transposes of a batch
-dimension of one (docs/benchmarks.md, session 15). This module runs the same layer with the same
-weights and the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE tables are
-``draft.Rotary``'s for every position) in about 60 ops a step, on one sequence (no batch dimension):
+each); the module path (``Eagle3Draft.step``) ran ~270 of them a step: RoPE recomputed from the
+positions, RMSNorm in six ops per norm, q, k, v and gate, up as separate matmuls, views and
+transposes of a batch dimension of one (docs/benchmarks.md, session 15). This module runs the same
+layer with the same weights and the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE
+tables are ``draft.Rotary``'s for every position) in about 60 ops a step, on one sequence (no batch
+dimension):
 
     [emb | hidden] side by side -> both input norms at once -> [q|k|v] one matmul -> RoPE on q's and
       k's heads at once, in place -> k, v written into the preallocated cache in one copy -> SDPA
