@@ -168,6 +168,8 @@ class FastDraft:
         goes through attention and the MLP, and only its output stream [1, H] is returned. The
         verified rows a cycle appends need nothing else: their own outputs are never read, and the
         last one sees the whole cache, so no mask is built either."""
+        if last_only and mask is not None:  # refused before the cache is touched
+            raise ValueError("last_only steps are causal: no mask")
         t, past = ids.shape[0], self.n
         need = past + t
         if need > self.kv.shape[2]:  # positions stay below len + T (the drafter's never pass it): tables fit
@@ -184,8 +186,6 @@ class FastDraft:
         self.kv.narrow(2, past, t).copy_(qkv[:, nh:].view(t, 2, nkv, hd).permute(1, 2, 0, 3))
         self.n = need
         if last_only and t > 1:
-            if mask is not None:
-                raise ValueError("last_only steps are causal: no mask")
             qkv, x, hidden, t = qkv[-1:], x[-1:], hidden[-1:], 1
         if mask is None and t > 1:
             mask = torch.ones(t, need, dtype=torch.bool, device=x.device).tril(past)

@@ -178,7 +178,7 @@ class EagleDrafter:
 
     def expand(self, tree, nodes):
         dev = self.root_a.device
-        past, m = len(self.cache), len(nodes)
+        past = len(self.cache)
         # besides the verified prefix, each node sees itself and its drafted ancestors' cache slots
         slots = [self._ancestor_slots(tree, i) for i in nodes]
         tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
@@ -352,10 +352,10 @@ def row_argmax(row: torch.Tensor) -> int:
     largest. There one reduction of a 49k-token row tracks its index element by element (39 us for
     bf16; ``argmax`` itself 157), blocks of it take 24 (docs/benchmarks.md, session 18). Plain
     decoding takes its tokens the same way, so the baseline is as fast as the speculative loop."""
-    n = row.shape[0]
-    width = next((w for w in (1024, 512, 256, 128) if n % w == 0 and n >= 4 * w), None)
     if row.device.type != "cpu":  # one reduction, one host synchronisation
         return int(row.argmax())
+    n = row.shape[0]
+    width = next((w for w in (1024, 512, 256, 128) if n % w == 0 and n >= 4 * w), None)
     if width is None:  # a small or odd vocabulary: one pass
         return int(row.max(-1).indices)
     values, at = row.view(-1, width).max(-1)

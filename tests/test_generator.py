@@ -442,6 +442,7 @@ def test_lean_step_of_the_last_row_only_caches_every_row(options):
                                full.step(ids[10:12], g[10:12], torch.arange(10, 12)), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="causal"):
         last.step(ids[:2], g[:2], torch.arange(12, 14), torch.ones(2, 14, dtype=torch.bool), last_only=True)
+    assert len(last) == 12  # refused before anything was cached
 
 
 @torch.no_grad()
