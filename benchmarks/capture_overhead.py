@@ -4,7 +4,7 @@
 
 Times, on the same batch, interleaved and repeated (median):
   bare     the decoder forward as gen-data would run it without capture (no LM head, no cache)
-  capture  eagle3cli.target.capture: the same forward with output_hidden_states, the three
+  capture  eagle3cli.model.target.capture: the same forward with output_hidden_states, the three
            streams concatenated, plus the cast to the stored dtype (bf16) as gen-data does
   full     the whole model with its LM head (logits), for reference
 and prints the ratio capture / bare (goal: <= 1.10).
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from eagle3cli.layers import choose_layers
-from eagle3cli.target import TargetSpec, base_model, capture, load_target
+from eagle3cli.model.layers import choose_layers
+from eagle3cli.model.target import TargetSpec, base_model, capture, load_target
 
 
 def timed(fn) -> tuple[float, float]:

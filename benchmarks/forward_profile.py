@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from eagle3cli.fast_target import ONEDNN, FastTarget
-from eagle3cli.target import TargetSpec, load_target
+from eagle3cli.decode.fast_target import ONEDNN, FastTarget
+from eagle3cli.model.target import TargetSpec, load_target
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::mm", "aten::addmm")
 

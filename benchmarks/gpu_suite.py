@@ -89,7 +89,7 @@ class Replay:
 
 
 def verify_curve(target, fast, prefix, sizes, dev):
-    from eagle3cli.evaluate import verify_latency
+    from eagle3cli.evaluate.evaluate import verify_latency
 
     hf = verify_latency(target, prefix, sizes=sizes, repeats=5)
     out = {}
@@ -103,7 +103,7 @@ def verify_curve(target, fast, prefix, sizes, dev):
 
 
 def cycle_overhead(target, fast, prompt, steps, new_tokens, dev):
-    from eagle3cli.generator import greedy_generate, speculative_generate
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
 
     res = {}
     for name, f in (("hf", None), ("fast", fast)):
@@ -123,10 +123,10 @@ def cycle_overhead(target, fast, prompt, steps, new_tokens, dev):
 
 
 def draft_step(target, prompt, steps, dev, dtype):
-    from eagle3cli.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.generator import EagleDrafter
-    from eagle3cli.layers import default_layer_ids
-    from eagle3cli.tree import build_greedy_tree
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.decode.generator import EagleDrafter
+    from eagle3cli.model.layers import default_layer_ids
+    from eagle3cli.decode.tree import build_greedy_tree
 
     cfg = DraftConfig.from_target(target.config, min(32000, target.config.vocab_size),
                                   default_layer_ids(target.config.num_hidden_layers))
@@ -147,10 +147,10 @@ def draft_step(target, prompt, steps, dev, dtype):
 
 
 def ttt_training(target, seq_len, dev, dtype, repeats=3):
-    from eagle3cli.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.layers import default_layer_ids
-    from eagle3cli.target import capture
-    from eagle3cli.ttt import TTTModel, teacher_from_final
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.model.layers import default_layer_ids
+    from eagle3cli.model.target import capture
+    from eagle3cli.train.ttt import TTTModel, teacher_from_final
 
     layers = default_layer_ids(target.config.num_hidden_layers)
     vocab = min(32000, target.config.vocab_size)
@@ -180,7 +180,7 @@ def ttt_training(target, seq_len, dev, dtype, repeats=3):
 
 def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_tokens=65, seq_len=2048,
         sizes=(1, 2, 4, 8, 16, 32, 64), steps=3) -> dict:
-    from eagle3cli.fast_target import FastTarget
+    from eagle3cli.decode.fast_target import FastTarget
 
     dt = getattr(torch, dtype)
     dev = torch.device(device)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3cli.llamacpp import find_binary  # noqa: E402
+from eagle3cli.evaluate.llamacpp import find_binary  # noqa: E402
 
 NUM = r"([0-9.]+)"
 

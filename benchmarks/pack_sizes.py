@@ -17,8 +17,8 @@ import statistics
 import torch
 from verify_cost import median_ms
 
-from eagle3cli.fast_target import FastTarget
-from eagle3cli.target import TargetSpec, load_target
+from eagle3cli.decode.fast_target import FastTarget
+from eagle3cli.model.target import TargetSpec, load_target
 
 PREFIX = 200
 # (rows verified, rows packed for): chain 2 and 3 (3 and 4 rows), tree 12/4/4 (13), a 15-node tree (16).
@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=9, help="forwards per case and round (the median is kept)")
     args = ap.parse_args()
     if args.model is None:
-        from eagle3cli.realmodels import smollm2_dir
+        from eagle3cli.core.realmodels import smollm2_dir
 
         args.model = str(smollm2_dir())
     target = load_target(TargetSpec(args.model))  # fp32 on a CPU (dtype auto)

@@ -21,9 +21,9 @@ import torch
 def build(model: str, draft_vocab: int, rows: int, tokens: int, steps: int):
     from transformers import AutoConfig
 
-    from eagle3cli.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.layers import choose_layers
-    from eagle3cli.ttt import TTTModel
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.model.layers import choose_layers
+    from eagle3cli.train.ttt import TTTModel
 
     tcfg = AutoConfig.from_pretrained(model)
     dcfg = DraftConfig.from_target(tcfg, draft_vocab, choose_layers(tcfg, warn=False).ids)

@@ -28,11 +28,11 @@ import time
 
 import torch
 
-from eagle3cli.batch_decode import SlotTarget
-from eagle3cli.chat_mask import end_of_turn_ids, render
-from eagle3cli.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
-from eagle3cli.sources import load_conversations
-from eagle3cli.target import TargetSpec, load_target, load_tokenizer, model_device
+from eagle3cli.decode.batch_decode import SlotTarget
+from eagle3cli.data.chat_mask import end_of_turn_ids, render
+from eagle3cli.data.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
+from eagle3cli.data.sources import load_conversations
+from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer, model_device
 
 
 def slot_step_bound(model, batch: int, prefix: int, dtype=None, repeats: int = 5) -> float:

@@ -16,8 +16,8 @@ import argparse
 
 import torch
 
-from eagle3cli.fast_target import ONEDNN, Decoder, FastTarget, Linear
-from eagle3cli.target import TargetSpec, load_target
+from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
+from eagle3cli.model.target import TargetSpec, load_target
 
 
 def compare(fast: FastTarget, prefixes=(37, 64, 129, 300, 511), sizes=(2, 4, 8, 16)) -> tuple[float, int, int]:

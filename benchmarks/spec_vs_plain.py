@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from eagle3cli.evaluate import encode, hf_generate, load_turns_file
-from eagle3cli.export import load_draft
-from eagle3cli.generator import SpecSettings, n_alpha, speculative_generate
-from eagle3cli.target import TargetSpec, load_target, load_tokenizer
+from eagle3cli.evaluate.evaluate import encode, hf_generate, load_turns_file
+from eagle3cli.publish.export import load_draft
+from eagle3cli.decode.generator import SpecSettings, n_alpha, speculative_generate
+from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
 
 
 def main():

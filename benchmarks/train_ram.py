@@ -89,8 +89,8 @@ def stub_matmuls():
 def trace_phases(sampler: Sampler):
     """Wrap the teacher, the TTT streams, the backward and the optimizer step to print each
     phase's peak RSS (the phases of one micro-batch, in order)."""
-    from eagle3cli import trainer as T
-    from eagle3cli import ttt
+    from eagle3cli.train import trainer as T
+    from eagle3cli.train import ttt
 
     def report(name):
         print(f"    {name:<22} peak {mb(sampler.take())}  now {mb(PROC.memory_info().rss)}", flush=True)
@@ -140,9 +140,9 @@ def main(argv: list[str]):
 
     extra = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args[2:])}
     sampler = Sampler()
-    from eagle3cli import trainer as T
-    from eagle3cli.features import read_manifest
-    from eagle3cli.train_config import resolve
+    from eagle3cli.train import trainer as T
+    from eagle3cli.data.features import read_manifest
+    from eagle3cli.config.train_config import resolve
 
     if phases:
         trace_phases(sampler)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.features import shard_name, write_json, write_shard
-from eagle3cli.layers import choose_layers
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.chat_mask import template_hash
-from eagle3cli.trainer import train
+from eagle3cli.data.features import shard_name, write_json, write_shard
+from eagle3cli.model.layers import choose_layers
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.data.chat_mask import template_hash
+from eagle3cli.train.trainer import train
 
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "train" / "gsm8k_train.jsonl"
@@ -37,7 +37,7 @@ def build_store(model_dir: Path, out: Path, n: int, max_length: int = 512) -> Pa
     only measures speed). Loss mask = the tokens after the generation prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3cli.target import capture
+    from eagle3cli.model.target import capture
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

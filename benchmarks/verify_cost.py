@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from eagle3cli.evaluate import hardware
-from eagle3cli.fast_target import ONEDNN, Decoder, FastTarget, Linear
-from eagle3cli.regenerate import has_bf16_matmul
-from eagle3cli.target import TargetSpec, load_target
+from eagle3cli.evaluate.evaluate import hardware
+from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
+from eagle3cli.data.regenerate import has_bf16_matmul
+from eagle3cli.model.target import TargetSpec, load_target
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -51,7 +51,7 @@ def main():
         torch.set_num_threads(args.threads)
     from transformers import DynamicCache
 
-    from eagle3cli.generator import forward
+    from eagle3cli.decode.generator import forward
 
     target = load_target(TargetSpec(args.model))
     sizes = tuple(int(x) for x in args.sizes.split(","))

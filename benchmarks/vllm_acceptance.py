@@ -11,7 +11,7 @@ turn (the model's own answer becomes context for the next turn). Prints the mean
 length (1 + accepted / drafts: tokens per target forward, bonus token included) and the
 per-position acceptance rates from vLLM's own counters (``LLM.get_metrics()``).
 
-``eagle3 eval --engine vllm`` (eagle3cli/vllm_eval.py, worker eagle3cli/vllm_decode.py) is the
+``eagle3 eval --engine vllm`` (eagle3cli/evaluate/vllm_eval.py, worker eagle3cli/engines/vllm_decode.py) is the
 same measurement from eagle3 itself, beside our generator's numbers in one results.json; this
 script stays the standalone version, run by the vLLM Python alone.
 

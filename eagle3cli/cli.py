@@ -11,7 +11,7 @@ import importlib
 import typer
 
 from . import __version__
-from .errors import boundary, debug, message_for, report
+from .core.errors import boundary, debug, message_for, report
 
 app = typer.Typer(
     name="eagle3",

@@ -1,4 +1,4 @@
-"""A stand-in for llama.cpp's ``llama-server``: the HTTP subset eagle3cli/llamacpp.py uses.
+"""A stand-in for llama.cpp's ``llama-server``: the HTTP subset eagle3cli/evaluate/llamacpp.py uses.
 
 GET /health, POST /completion (token-id prompt, greedy), GET /metrics; the ``timings`` block and
 the ``llamacpp:spec_decode_*`` counters are shaped as llama-server's (llama-cpp-python 0.3.36).

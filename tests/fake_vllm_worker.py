@@ -1,4 +1,4 @@
-"""A stand-in for the vLLM workers (eagle3cli.vllm_capture, eagle3cli.vllm_decode): the same
+"""A stand-in for the vLLM workers (eagle3cli.engines.vllm_capture, eagle3cli.engines.vllm_decode): the same
 protocols, features from an HF forward, answers and spec-decode counters made up by a fixed rule.
 Started by tests through a fake "vLLM python" script that runs this file with the worker's
 arguments (``-m MODULE --config JSON --reply-fd N``), so everything eagle3 does around vLLM (start,
@@ -8,7 +8,7 @@ FAKE_VLLM_FAIL=start|capture makes it fail there, as a broken vLLM install would
 The decoding worker: every answer is ``min(max_tokens, 10)`` tokens (ids from the prompt's
 length), each speculative one costs 5 drafts of k tokens with 4 accepted (3 at position 1, 1 at
 position 2); FAKE_VLLM_DIFFER=1 changes the speculative answers' last token.
-The capability probe (``-c CODE``, eagle3cli.vllm_eval.check_python) prints FAKE_VLLM_VERSION
+The capability probe (``-c CODE``, eagle3cli.evaluate.vllm_eval.check_python) prints FAKE_VLLM_VERSION
 (default 0.32.0-fake; empty: "vllm is not installed").
 """
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def decode(cfg, reply):
-    """eagle3cli.vllm_decode's protocol."""
+    """eagle3cli.engines.vllm_decode's protocol."""
     if os.environ.get("FAKE_VLLM_FAIL") == "start":
         reply.write(json.dumps({"ok": False, "error": "vLLM did not start: ValueError: no draft"}) + "\n")
         return 2
@@ -58,7 +58,7 @@ def decode(cfg, reply):
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == "-c":  # eagle3cli.vllm_eval.check_python's probe
+    if len(sys.argv) > 2 and sys.argv[1] == "-c":  # eagle3cli.evaluate.vllm_eval.check_python's probe
         print(os.environ.get("FAKE_VLLM_VERSION", "0.32.0-fake"))
         return 0
     p = argparse.ArgumentParser()
@@ -68,13 +68,13 @@ def main():
     args = p.parse_args()
     cfg = json.loads(args.config)
     reply = os.fdopen(args.reply_fd, "w", buffering=1)
-    if args.m == "eagle3cli.vllm_decode":
+    if args.m == "eagle3cli.engines.vllm_decode":
         return decode(cfg, reply)
-    assert args.m == "eagle3cli.vllm_capture", args.m
+    assert args.m == "eagle3cli.engines.vllm_capture", args.m
     import torch  # the capture worker only: the decoding one and the probe start without torch
     from safetensors.torch import save_file
 
-    from eagle3cli.target import TargetSpec, capture, load_target
+    from eagle3cli.model.target import TargetSpec, capture, load_target
 
     if os.environ.get("FAKE_VLLM_FAIL") == "start":
         reply.write(json.dumps({"ok": False, "error": "vLLM did not start: RuntimeError: no engine"}) + "\n")

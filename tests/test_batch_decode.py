@@ -5,10 +5,10 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from eagle3cli.batch_decode import SlotTarget, common_prefix
-from eagle3cli.chat_mask import end_of_turn_ids
-from eagle3cli.regenerate import GenSettings, regenerate_local
-from eagle3cli.target import TargetSpec, load_target, load_tokenizer
+from eagle3cli.decode.batch_decode import SlotTarget, common_prefix
+from eagle3cli.data.chat_mask import end_of_turn_ids
+from eagle3cli.data.regenerate import GenSettings, regenerate_local
+from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
 
 
 def hf_last_logits(model, ids):
@@ -146,7 +146,7 @@ def test_slot_target_in_bfloat16_matches_the_bf16_model(arch):
     slots = SlotTarget(model, slots=2, max_len=16, dtype=torch.bfloat16)
     assert slots.k.dtype == torch.bfloat16 and slots.layers[0].qkv.weight.dtype == torch.bfloat16
     # bf16: oneDNN's prepacked linear where it has bf16 kernels (MKL's packed GEMM is fp32 only)
-    from eagle3cli.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     assert set(slots.head.packed) == ({ONEDNN} if Linear.can_pack(slots.head.weight, ONEDNN) else set())
     g = torch.Generator().manual_seed(3)
@@ -182,7 +182,7 @@ def test_regeneration_in_bfloat16_is_the_bf16_models_greedy_text(smol):
 
 
 def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_a_bf16_cpu(monkeypatch):
-    import eagle3cli.regenerate as regen
+    import eagle3cli.data.regenerate as regen
 
     llama, gemma = tiny_model("llama").config, tiny_model("gemma3_text").config
     monkeypatch.setattr(regen, "has_bf16_matmul", lambda: True)

@@ -6,16 +6,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3cli.chat_mask import (
-    MaskError,
-    NoChatTemplate,
-    chat_template,
-    end_of_turn_ids,
-    has_generation_markers,
-    highlight,
-    masked_segments,
-    tokenize_conversation,
-)
+from eagle3cli.data.chat_mask import (
+    MaskError, NoChatTemplate, chat_template, end_of_turn_ids, has_generation_markers, highlight, masked_segments,
+    tokenize_conversation)
 from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"

@@ -2,7 +2,7 @@ import pytest
 import torch
 from tiny import ARCHS, tiny_config, tiny_model
 
-from eagle3cli.draft import DecodeCache, DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.model.draft import DecodeCache, DraftConfig, Eagle3Draft, KVCache
 
 
 def make_draft(arch="llama", draft_vocab=100, seed=0):
@@ -110,7 +110,7 @@ def test_hidden_act_is_honoured(tmp_path):
 
     import torch.nn.functional as F
 
-    from eagle3cli.export import load_draft, save_draft
+    from eagle3cli.publish.export import load_draft, save_draft
 
     _, d = make_draft()
     mlp = d.midlayer.mlp
@@ -144,7 +144,7 @@ def test_init_weights_order_unchanged():
 
 @pytest.mark.parametrize("hidden", [None, 32])
 def test_num_parameters_counts_the_export(hidden):
-    from eagle3cli.export import exported_state_dict
+    from eagle3cli.publish.export import exported_state_dict
 
     overrides = {} if hidden is None else {"hidden_size": hidden}
     d = Eagle3Draft(DraftConfig.from_target(tiny_config("llama"), 100, (2, 4, 5), **overrides))

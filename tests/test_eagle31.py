@@ -14,13 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import tiny_config, tiny_model
 
-from eagle3cli import engine_support
-from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
-from eagle3cli.export import engine_config, exported_state_dict, load_draft, save_draft
-from eagle3cli.formats import FormatError, convert, detect_format, inspect_any, read_draft, write_draft
-from eagle3cli.inspector import inspect_draft
-from eagle3cli.train_config import TrainConfig, draft_options, resolve
-from eagle3cli.ttt import ttt_streams
+from eagle3cli.engines import engine_support
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.publish.export import engine_config, exported_state_dict, load_draft, save_draft
+from eagle3cli.publish.formats import FormatError, convert, detect_format, inspect_any, read_draft, write_draft
+from eagle3cli.publish.inspector import inspect_draft
+from eagle3cli.config.train_config import TrainConfig, draft_options, resolve
+from eagle3cli.train.ttt import ttt_streams
 
 torch.set_num_threads(1)
 FIXTURE = Path(__file__).parent / "fixtures" / "engines" / "eagle3_draft_names.json"
@@ -188,8 +188,8 @@ def test_ttt_unroll_is_what_the_generator_drafts(target, name):
 
 
 def test_generator_greedy_equality_with_a_31_draft():
-    from eagle3cli.generator import greedy_generate, speculative_generate
-    from eagle3cli.layers import default_layer_ids
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
+    from eagle3cli.model.layers import default_layer_ids
 
     tgt = tiny_model("llama")
     cfg = DraftConfig.from_target(tgt.config, 128, default_layer_ids(8), **V31)
@@ -403,7 +403,7 @@ def test_inspect_shows_variant_and_target_support(target, tmp_path):
 
 
 def test_gguf_export_refuses_a_31_draft(target, tmp_path):
-    from eagle3cli.gguf_export import GGUFExportError, check_options
+    from eagle3cli.publish.gguf_export import GGUFExportError, check_options
 
     out = save_draft(make_draft(target, **V31), tmp_path / "d")
     with pytest.raises(GGUFExportError, match="fc_norm, norm_output"):
@@ -412,7 +412,7 @@ def test_gguf_export_refuses_a_31_draft(target, tmp_path):
 
 
 def test_card_names_the_variant_and_what_each_engine_serves(target):
-    from eagle3cli.model_card import facts, serving_notes
+    from eagle3cli.publish.model_card import facts, serving_notes
 
     cfg = engine_config(make_draft(target, **V31).config)
     assert ("Draft architecture", "EAGLE-3.1 (`fc_norm`, `norm_output`)") in facts(cfg, "org/t")
@@ -425,8 +425,8 @@ def test_card_names_the_variant_and_what_each_engine_serves(target):
 
 
 def test_init_from_a_31_draft_keeps_its_options(target, tmp_path):
-    from eagle3cli.formats import init_from
-    from eagle3cli.vocab import DraftVocab
+    from eagle3cli.publish.formats import init_from
+    from eagle3cli.model.vocab import DraftVocab
 
     src = make_draft(target, **V31)
     path = save_draft(src, tmp_path / "src", dtype=torch.float32)

@@ -9,11 +9,11 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from eagle3cli.draft import DraftConfig, Eagle3Draft
-from eagle3cli.evaluate import EvalError, choose_tree, load_task, load_turns_file
-from eagle3cli.export import save_draft
-from eagle3cli.generator import SpecOutput
-from eagle3cli.layers import default_layer_ids
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+from eagle3cli.evaluate.evaluate import EvalError, choose_tree, load_task, load_turns_file
+from eagle3cli.publish.export import save_draft
+from eagle3cli.decode.generator import SpecOutput
+from eagle3cli.model.layers import default_layer_ids
 
 runner = CliRunner()
 
@@ -129,7 +129,7 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     packing = res["draft_packing"]  # a chain's steps are one row: timed as they run, or nothing packs here
     assert packing is None or (packing["rows"] == 1 and packing["ms"][packing["uses"]] == min(packing["ms"].values()))
     # the draft steps in bf16 exactly when the target runs bf16 where oneDNN packs bf16 (AMX CPUs)
-    from eagle3cli.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     packs_bf16 = Linear.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16), ONEDNN)
     bf16_draft = res["target_dtype"] == "bfloat16" and packs_bf16
@@ -169,7 +169,7 @@ def test_eval_tree_packs_the_drafts_levels_where_faster(smol_tiny_dir, turns_fil
 
 
 def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
-    from eagle3cli import fast_target
+    from eagle3cli.decode import fast_target
 
     built, packed = [], []
     init, repack = fast_target.Decoder.__init__, fast_target.Decoder.repack
@@ -200,9 +200,9 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
 
 
 def test_eval_dtype_auto_takes_bf16_on_amx_cpus_for_greedy_fast_verification(monkeypatch):
-    from eagle3cli import fast_target
-    from eagle3cli.evaluate import EvalConfig, eval_dtype
-    from eagle3cli.target import TargetSpec
+    from eagle3cli.decode import fast_target
+    from eagle3cli.evaluate.evaluate import EvalConfig, eval_dtype
+    from eagle3cli.model.target import TargetSpec
 
     greedy = EvalConfig(tasks=["mt_bench"])
     monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
@@ -219,8 +219,8 @@ def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_ti
     """--dtype bfloat16: where the check shows a verification decodes bitwise as one token does,
     speculative output is compared with plain decoding on that forward (HF's own bf16 forward is
     not row-invariant); where it does not, eval refuses in one line before any prompt runs."""
-    from eagle3cli.fast_target import FastTarget, row_invariant
-    from eagle3cli.target import TargetSpec, load_target
+    from eagle3cli.decode.fast_target import FastTarget, row_invariant
+    from eagle3cli.model.target import TargetSpec, load_target
 
     exact = row_invariant(FastTarget(load_target(TargetSpec(model=str(smol_tiny_dir), dtype="bfloat16")), 64), 7)
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
@@ -241,7 +241,7 @@ def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_ti
 
 
 def test_eval_dtype_auto_falls_back_to_fp32_when_bf16_is_not_exact(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
-    from eagle3cli import fast_target
+    from eagle3cli.decode import fast_target
 
     monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
     monkeypatch.setattr(fast_target, "row_invariant", lambda fast, rows, **kw: False)
@@ -312,7 +312,7 @@ def test_choose_tree_prefers_small_trees_when_verification_is_expensive():
 
 def test_mt_bench_falls_back_to_the_bundled_questions_offline():
     """No Hub here (HF_HUB_OFFLINE): mt_bench still loads, from the copy shipped in the package."""
-    from eagle3cli.evaluate import EvalError, load_task
+    from eagle3cli.evaluate.evaluate import EvalError, load_task
 
     task, prompts = load_task("mt_bench", limit=3)
     assert task == "mt_bench" and [p.id for p in prompts] == ["81", "82", "83"]

@@ -6,9 +6,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny import ARCHS, tiny_config, tiny_model
 
-from eagle3cli.draft import DraftConfig, Eagle3Draft
-from eagle3cli.export import load_draft, save_draft
-from eagle3cli.inspector import inspect_draft
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+from eagle3cli.publish.export import load_draft, save_draft
+from eagle3cli.publish.inspector import inspect_draft
 
 EXPECTED_NAMES = {
     "fc.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import TrainError, train
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import TrainError, train
 from test_trainer import build_store, peaky_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,8 +29,8 @@ import json, sys
 from dataclasses import replace
 from safetensors.torch import save_file
 from accelerate import PartialState
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import Trainer, train
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import Trainer, train
 data, model, out, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 cfg = TrainConfig(data=data, model=model, out=out + "/full", **settings)
 t = Trainer(cfg, quiet=True)
@@ -92,7 +92,7 @@ def test_fsdp2_two_processes_match_one_and_resume_exactly(tokens_store, target_d
 
 
 def test_fsdp_refuses_offline_fsdp1_and_quantized():
-    from eagle3cli.sharded_target import check_fsdp
+    from eagle3cli.model.sharded_target import check_fsdp
 
     class Acc:
         class distributed_type:
@@ -117,7 +117,7 @@ def test_fsdp_refuses_offline_fsdp1_and_quantized():
 
 
 def test_held_out_batches_are_padded_only_for_a_sharded_target():
-    from eagle3cli.sharded_target import padded
+    from eagle3cli.model.sharded_target import padded
 
     batches = [[0], [1], [2]]
     assert padded(batches, 0, 2, sharded=True) == [([0], True), ([2], True)]

@@ -15,12 +15,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eagle3cli.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
+from eagle3cli.data.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
 from eagle3cli.cli import app
-from eagle3cli.features import FeatureStore
-from eagle3cli.gen_data import GenDataError, GenDataOptions, bytes_per_token, run
-from eagle3cli.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta
-from eagle3cli.target import TargetSpec
+from eagle3cli.data.features import FeatureStore
+from eagle3cli.data.gen_data import GenDataError, GenDataOptions, bytes_per_token, run
+from eagle3cli.data.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta
+from eagle3cli.model.target import TargetSpec
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST_KEYS = {"format", "version", "target", "model_type", "hidden_size", "vocab_size", "num_layers", "layer_ids",
@@ -82,7 +82,7 @@ def test_manifest_contract(full_run, smol_tiny_dir):
     assert man["target"]["id"] == str(smol_tiny_dir) and len(man["target"]["content_hash"]) == 64
     assert store.token_counts(49152).sum() == man["num_masked_tokens"]
     # shards get the umask's mode like any other file (safetensors alone would leave 0600)
-    from eagle3cli.features import default_file_mode
+    from eagle3cli.data.features import default_file_mode
 
     assert {p.stat().st_mode & 0o777 for p in (out / "shards").glob("*.safetensors")} == {default_file_mode()}
     assert default_file_mode() != 0o600
@@ -142,7 +142,7 @@ def test_stored_streams_equal_fresh_forward(full_run, smol_tiny_dir):
 def test_rerun_resumes_and_refuses_other_settings(full_run, smol_tiny_dir, data_file, monkeypatch):
     out, man = full_run
     before = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("a finished run must not load the model"))
     again = run(options(out, data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))
@@ -175,7 +175,7 @@ def test_interrupted_run_resumes_bit_identical(full_run, smol_tiny_dir, data_fil
 
 
 def test_truncation_counted_and_features_none(smol_tiny_dir, data_file, tmp_path, monkeypatch):
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("no model needed"))
     # The rows render to 49-69 tokens, the first answer starting at token 42.
@@ -263,7 +263,7 @@ def test_bad_inputs_give_one_line_errors(smol_tiny_dir, data_file, tmp_path):
 def test_regen_dtype_is_recorded_resumes_and_refuses_a_change(smol_tiny_dir, data_file, tmp_path, monkeypatch):
     """--regen-dtype: the store records what regeneration computed in when it is not --dtype's, the
     answers are those of the bf16 computation, and a rerun in another dtype is refused."""
-    import eagle3cli.regenerate as regen
+    import eagle3cli.data.regenerate as regen
 
     out = tmp_path / "bf16"
     seen = []
@@ -359,14 +359,14 @@ def test_endpoint_regeneration(fake_server):
 
 def test_endpoint_gives_up_with_a_clear_error():
     ep = Endpoint("http://127.0.0.1:9", retries=1, timeout=2)  # nothing listens on port 9
-    from eagle3cli.regenerate import EndpointError
+    from eagle3cli.data.regenerate import EndpointError
 
     with pytest.raises(EndpointError, match=r"127.0.0.1:9/v1/models failed after 2 tries"):
         ep.resolve_model()
 
 
 def test_gen_data_with_endpoint(fake_server, smol_tiny_dir, data_file, tmp_path, monkeypatch):
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("--endpoint with --features none needs no model"))
     man = run(options(tmp_path / "s", data_file, endpoint=fake_server, features="none", system="Be brief."),
@@ -405,7 +405,7 @@ def test_prompts_longer_than_max_length_are_not_answered(smol_tiny_dir, data_fil
     store is an error, not marked complete."""
     with pytest.raises(GenDataError, match=r"\(6 checked: first prompt reaches --max-length: 6\): raise --max-length"):
         run(options(tmp_path / "s", data_file, max_length=40, features="none"), TargetSpec(str(smol_tiny_dir)))
-    import eagle3cli.gen_data as gd
+    import eagle3cli.data.gen_data as gd
 
     monkeypatch.setattr(gd.Pipeline, "preflight", lambda self: None)
     with pytest.raises(GenDataError, match=r"^no samples stored in .*first prompt reaches --max-length: 6\); the "

@@ -6,19 +6,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
-from eagle3cli.generator import (
-    EagleDrafter,
-    UnsupportedTarget,
-    ContextTooLong,
-    accept_sampling,
-    greedy_generate,
-    n_alpha,
-    speculative_generate,
-    target_probs,
-)
-from eagle3cli.layers import default_layer_ids
-from eagle3cli.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.decode.generator import (
+    EagleDrafter, UnsupportedTarget, ContextTooLong, accept_sampling, greedy_generate, n_alpha,
+    speculative_generate, target_probs)
+from eagle3cli.model.layers import default_layer_ids
+from eagle3cli.decode.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
 from tiny import tiny_model
 
 NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
@@ -337,8 +330,8 @@ def test_chain_levels_run_without_a_mask_and_draft_what_the_masked_step_drafts(l
 def test_kept_entries_move_only_when_not_already_in_place():
     """The fast path gathers the kept tree entries only when they are not the tree's first ones: a
     chain never moves its cache, a tree moves when a later branch wins; both stay lossless."""
-    from eagle3cli.fast_target import FastTarget
-    from eagle3cli.generator import in_place
+    from eagle3cli.decode.fast_target import FastTarget
+    from eagle3cli.decode.generator import in_place
 
     assert in_place([0]) and in_place([0, 1, 2])
     assert not in_place([0, 2]) and not in_place([0, 1, 3])
@@ -367,7 +360,7 @@ def test_generation_runs_in_inference_mode_and_its_caches_serve_outside_it(monke
     the caches that grow inside it are inference tensors; the lean draft step and the fast target
     write theirs in place, and still do when called outside it (a drafter drafted with directly, a
     fast target timed), drafting what a fresh drafter drafts."""
-    from eagle3cli.fast_draft import FastDraft
+    from eagle3cli.decode.fast_draft import FastDraft
 
     monkeypatch.setattr(FastDraft, "INITIAL_LEN", 4)
     monkeypatch.setattr(FastTarget, "INITIAL_LEN", 8)
@@ -393,7 +386,7 @@ def test_generation_runs_in_inference_mode_and_its_caches_serve_outside_it(monke
 def test_lean_draft_step_equals_module_step_and_grows_its_cache(monkeypatch):
     """Output streams of the lean step == Eagle3Draft.step's (fp32 rounding) for a causal block,
     a masked block and one row, across the cache's growth (capacity 4 here) and a crop."""
-    from eagle3cli.fast_draft import FastDraft
+    from eagle3cli.decode.fast_draft import FastDraft
 
     target = tiny_model("llama")
     draft = option_draft(target, {})
@@ -424,7 +417,7 @@ def test_lean_step_of_the_last_row_only_caches_every_row(options):
     """``last_only``: a causal block's keys and values are all cached (bitwise those of the full
     step), the output is the full step's last row, and the next step sees the same cache; a mask
     is refused (the last row of a causal block sees everything)."""
-    from eagle3cli.fast_draft import FastDraft
+    from eagle3cli.decode.fast_draft import FastDraft
 
     target = tiny_model("llama")
     draft = option_draft(target, LEAN_OPTIONS[options])
@@ -449,7 +442,7 @@ def test_lean_step_of_the_last_row_only_caches_every_row(options):
 def test_lean_draft_in_bf16_is_the_module_draft_in_bf16():
     """``dtype=bfloat16`` computes what ``draft.to(bfloat16)`` computes through the module path (within
     bf16 rounding: the fused matmuls may round differently), the fp32 draft left untouched."""
-    from eagle3cli.fast_draft import FastDraft
+    from eagle3cli.decode.fast_draft import FastDraft
 
     target = tiny_model("llama")
     draft = option_draft(target, {})
@@ -466,8 +459,8 @@ def test_lean_draft_in_bf16_is_the_module_draft_in_bf16():
 
 
 def test_draft_computes_in_bf16_only_beside_a_bf16_fast_path_that_packs_it():
-    from eagle3cli.fast_draft import compute_dtype
-    from eagle3cli.fast_target import ONEDNN, FastTarget, Linear
+    from eagle3cli.decode.fast_draft import compute_dtype
+    from eagle3cli.decode.fast_target import ONEDNN, FastTarget, Linear
 
     target = tiny_model("llama")
     assert compute_dtype(None) is None
@@ -482,8 +475,8 @@ def test_draft_computes_in_bf16_only_beside_a_bf16_fast_path_that_packs_it():
 def test_packed_lean_levels_give_the_same_tree(kind):
     """The lean draft's matmuls packed for 4-row levels: MKL's copy serves exactly 4 rows (other
     counts bitwise F.linear), oneDNN's every count; the same trees drafted as unpacked."""
-    from eagle3cli.fast_draft import ExactRowsLinear
-    from eagle3cli.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_draft import ExactRowsLinear
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     target = tiny_model("llama")
     draft = random_draft(target)
@@ -526,7 +519,7 @@ def test_accept_greedy_breaks_ties_as_argmax(dtype, per_row):
     where logits tie, which bf16 logits often do: at every level the row's maximum sits at two
     tokens, and the tree offers the later one first. Row by row (a CPU's way) and all rows at once
     (an accelerator's) alike."""
-    from eagle3cli.generator import accept_greedy
+    from eagle3cli.decode.generator import accept_greedy
 
     gen = torch.Generator().manual_seed(0)
     depth, vocab = 5, 300
@@ -549,7 +542,7 @@ def test_row_argmax_is_argmax(vocab):
     """The blockwise argmax acceptance uses on a CPU is ``argmax`` (the first maximal index) on rows
     full of ties, with NaN, all -inf, +inf twice, in bf16 and fp32, for vocabularies that split into
     1,024- or 128-wide blocks and ones that do not."""
-    from eagle3cli.generator import row_argmax
+    from eagle3cli.decode.generator import row_argmax
 
     gen = torch.Generator().manual_seed(vocab)
     for trial in range(60):
@@ -568,7 +561,7 @@ def test_row_argmax_is_argmax(vocab):
 
 def test_accept_sampling_exact_on_synthetic_tree():
     """Many children drawn without replacement from q; the output must be distributed as p."""
-    from eagle3cli.tree import gumbel_top
+    from eagle3cli.decode.tree import gumbel_top
 
     V = 6
     p = torch.tensor([0.35, 0.25, 0.2, 0.1, 0.06, 0.04])
@@ -680,7 +673,7 @@ def test_refuses_sliding_window_and_long_prompts():
 
 
 def test_n_alpha_counts_conditional_acceptance():
-    from eagle3cli.generator import SpecOutput
+    from eagle3cli.decode.generator import SpecOutput
 
     o = SpecOutput(tokens=[], prompt_len=1, accept_lengths=[1, 2, 4, 3], drafted=[3, 3, 3, 3])
     # accepted drafts per cycle: 0, 1, 3, 2 -> a0 = 3/4, a1 = 2/3, a2 = 1/2
@@ -688,8 +681,8 @@ def test_n_alpha_counts_conditional_acceptance():
 
 
 # ---- the fast path (fast_target.FastTarget): same model, static cache, packed matmuls ----
-from eagle3cli.fast_target import FastTarget  # noqa: E402
-from eagle3cli.tree import verify_mask  # noqa: E402
+from eagle3cli.decode.fast_target import FastTarget  # noqa: E402
+from eagle3cli.decode.tree import verify_mask  # noqa: E402
 
 FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -702,7 +695,7 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
     """tune_packing times unpacked, MKL packed for the row count or padded to a multiple of 4, and
     oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
     matmul (the LM head included) the fastest way for both; the logits stay the model's."""
-    from eagle3cli.fast_target import ONEDNN, Linear, tune_packing
+    from eagle3cli.decode.fast_target import ONEDNN, Linear, tune_packing
 
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
@@ -754,7 +747,7 @@ def test_linear_packing_rule():
     """One row uses only a copy packed for one (padding it up to a block costs the block); more rows
     use their own, else the smallest larger one; else F.linear. A oneDNN copy serves every row count
     that has no MKL copy of its own, and computes the same products."""
-    from eagle3cli.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     w = torch.randn(8, 4)
     assert Linear(w, None, (4,)).packed_for(1) is None
@@ -876,7 +869,7 @@ def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing):
     or tree verification gives bitwise the logits of one-token decoding; greedy speculative output
     then equals plain decoding on the same forward token for token, near-ties included. Unpacked
     and with oneDNN's prepacked bf16 matmuls alike."""
-    from eagle3cli.fast_target import row_invariant
+    from eagle3cli.decode.fast_target import row_invariant
 
     target = tiny_model(arch).to(torch.bfloat16)
     fast = FastTarget(target, 128, packed_rows=packing)
@@ -904,7 +897,7 @@ def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing):
 
 
 def test_float64_attention_is_for_low_precision_on_a_cpu_only():
-    from eagle3cli.fast_target import attention_dtype
+    from eagle3cli.decode.fast_target import attention_dtype
 
     assert attention_dtype(torch.bfloat16) == attention_dtype(torch.float16, "cpu") == torch.float64
     assert attention_dtype(torch.float32) == torch.float32
@@ -914,7 +907,7 @@ def test_float64_attention_is_for_low_precision_on_a_cpu_only():
 def test_row_invariant_catches_a_forward_that_depends_on_the_row_count():
     """The start-up check fails when an n-row forward's logits differ from one-row decoding's in
     the last bit (a chain) or only for tree nodes (a mask that leaks a sibling)."""
-    from eagle3cli.fast_target import row_invariant
+    from eagle3cli.decode.fast_target import row_invariant
 
     target = tiny_model("llama").to(torch.bfloat16)
     fast = FastTarget(target, 64)

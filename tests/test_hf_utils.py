@@ -1,8 +1,10 @@
 import torch
 
-from eagle3cli import features, hf_utils, io_utils, layers
-from eagle3cli.generator import eos_ids
-from eagle3cli.trainer import _as_list
+from eagle3cli.data import features
+from eagle3cli.core import hf_utils, io_utils
+from eagle3cli.model import layers
+from eagle3cli.decode.generator import eos_ids
+from eagle3cli.train.trainer import _as_list
 
 
 def test_eos_token_ids_normalises_every_spelling():

@@ -1,4 +1,4 @@
-"""glibc's mmap threshold on CPU training (eagle3cli.host_memory): freed tensors leave the
+"""glibc's mmap threshold on CPU training (eagle3cli.core.host_memory): freed tensors leave the
 resident set. Each case runs in its own interpreter, since the setting is process-wide."""
 
 import json
@@ -50,7 +50,7 @@ def test_without_it_glibc_keeps_them():
 
 
 def test_a_users_own_setting_is_left_alone(monkeypatch):
-    from eagle3cli import host_memory
+    from eagle3cli.core import host_memory
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert host_memory.return_freed_tensors() is None

@@ -23,7 +23,7 @@ def module_names() -> list[str]:
     out = _python(code)
     assert out.returncode == 0, out.stderr
     names = out.stdout.split()
-    assert "eagle3cli.draft" in names and "eagle3cli.commands.train" in names
+    assert "eagle3cli.model.draft" in names and "eagle3cli.commands.train" in names
     return names
 
 
@@ -124,10 +124,54 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_has_no_cycle():
     graph = import_graph()
-    assert {"eagle3cli.draft", "eagle3cli.export", "eagle3cli.hf_utils"} <= set(graph)
-    assert "eagle3cli.draft" in graph["eagle3cli.export"]  # the walk sees imports
+    assert {"eagle3cli.model.draft", "eagle3cli.publish.export", "eagle3cli.core.hf_utils"} <= set(graph)
+    assert "eagle3cli.model.draft" in graph["eagle3cli.publish.export"]  # the walk sees imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The wings, lowest first. A module may import its own wing and the wings below it, never one above:
+# the layers docs/design.md names, so a change to training cannot break the decoder's imports.
+WINGS = ["core", "config", "model", "engines", "decode", "data", "publish", "train", "evaluate", "workflows"]
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in WINGS else None
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in graph.items():
+        here = wing_of(mod)
+        if here is None:  # the CLI, the package root and its compatibility aliases sit above every wing
+            continue
+        for dep in deps:
+            there = wing_of(dep)
+            if there is None and dep != "eagle3cli":
+                bad.append(f"{mod} -> {dep} (a wing imports the CLI layer)")
+            elif there is not None and WINGS.index(there) > WINGS.index(here):
+                bad.append(f"{mod} ({here}) -> {dep} ({there})")
+    return sorted(bad)
+
+
+def test_every_module_lives_in_a_wing():
+    top = sorted(m for m in import_graph() if m.count(".") == 1 and wing_of(m) is None)
+    assert top == ["eagle3cli.cli", "eagle3cli.cli_docs", "eagle3cli.commands", "eagle3cli.export",
+                   "eagle3cli.generator", "eagle3cli.prompts", "eagle3cli.target"], top
+
+
+def test_lower_wings_never_import_upper_ones():
+    graph = import_graph()
+    assert "eagle3cli.model.target" in graph["eagle3cli.train.trainer"]  # the walk sees cross-wing imports
+    assert wing_violations(graph) == []
+
+
+def test_wing_check_catches_an_upward_import():
+    graph = {"eagle3cli.model.draft": {"eagle3cli.train.trainer"}, "eagle3cli.train.trainer": {"eagle3cli.model.draft"},
+             "eagle3cli.decode.tree": {"eagle3cli.commands.common"}}
+    assert wing_violations(graph) == ["eagle3cli.decode.tree -> eagle3cli.commands.common (a wing imports the CLI layer)",
+                                      "eagle3cli.model.draft (model) -> eagle3cli.train.trainer (train)"]
 
 
 def test_find_cycle_finds_one():
@@ -139,14 +183,14 @@ def test_the_feature_store_contract_has_one_home():
     """issue 14 item 2: features.py owns the store (format, manifest, checks, fingerprints);
     the trainer reads stores without importing the gen-data pipeline."""
     graph = import_graph()
-    trainer_side = ["eagle3cli.trainer", "eagle3cli.batching", "eagle3cli.checkpoints", "eagle3cli.train_report",
-                    "eagle3cli.train_config"]
+    trainer_side = ["eagle3cli.train.trainer", "eagle3cli.train.batching", "eagle3cli.train.checkpoints", "eagle3cli.train.train_report",
+                    "eagle3cli.config.train_config"]
     for m in trainer_side:
-        assert "eagle3cli.gen_data" not in graph[m], m
+        assert "eagle3cli.data.gen_data" not in graph[m], m
     literal = '"eagle3-features"'
     holders = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if literal in p.read_text())
-    assert holders == ["eagle3cli.features"], holders
-    from eagle3cli import features
+    assert holders == ["eagle3cli.data.features"], holders
+    from eagle3cli.data import features
 
     for name in ("FORMAT", "new_manifest", "write_manifest", "read_manifest", "check_store", "check_complete",
                  "content_hash", "data_fingerprint"):
@@ -157,7 +201,7 @@ def test_trainer_split_by_concern():
     """issue 14 item 3: the Trainer class reads in one sitting; the TTT outputs are named."""
     import inspect
 
-    from eagle3cli import trainer, ttt
+    from eagle3cli.train import trainer, ttt
 
     lines = len(inspect.getsource(trainer.Trainer).splitlines())
     assert lines <= 270, lines

@@ -2,8 +2,8 @@ import pytest
 import torch
 from tiny import ARCHS, tiny_config, tiny_model
 
-from eagle3cli.layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
-from eagle3cli.target import capture
+from eagle3cli.model.layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
+from eagle3cli.model.target import capture
 
 
 @pytest.mark.parametrize("n,expected", [(32, (2, 16, 29)), (30, (2, 15, 27)), (24, (2, 12, 21)), (18, (2, 9, 15)),

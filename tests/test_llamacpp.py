@@ -32,8 +32,8 @@ H, NH, NKV, HD, V, DV = 32, 4, 2, 8, 262, 64
 
 
 def tiny_draft(path: Path, seed=0) -> Path:
-    from eagle3cli.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.export import save_draft
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.publish.export import save_draft
 
     cfg = DraftConfig(hidden_size=H, intermediate_size=64, num_attention_heads=NH, num_key_value_heads=NKV,
                       head_dim=HD, rms_norm_eps=1e-5, vocab_size=V, draft_vocab_size=DV, target_hidden_size=H,
@@ -66,8 +66,8 @@ EXPECTED_TENSORS = {
 
 @pytest.mark.parametrize("outtype,matrix_type", [("f32", "F32"), ("f16", "F16"), ("q8_0", "Q8_0")])
 def test_draft_gguf_keys_and_tensors(draft_dir, target_gguf, tmp_path, outtype, matrix_type):
-    from eagle3cli.export import read_tensors
-    from eagle3cli.gguf_export import _permute, read_gguf_summary, write_draft_gguf
+    from eagle3cli.publish.export import read_tensors
+    from eagle3cli.publish.gguf_export import _permute, read_gguf_summary, write_draft_gguf
 
     out = write_draft_gguf(draft_dir, target_gguf, tmp_path / f"d-{outtype}.gguf", outtype)
     got = read_gguf_summary(out)
@@ -107,7 +107,7 @@ def test_draft_gguf_keys_and_tensors(draft_dir, target_gguf, tmp_path, outtype, 
 
 
 def test_permute_matches_rotate_half_to_interleaved():
-    from eagle3cli.gguf_export import _permute
+    from eagle3cli.publish.gguf_export import _permute
 
     # one head of dim 4: HF rows (x0, x1 | y0, y1) pair x_i with y_i; llama.cpp wants x0 y0 x1 y1
     w = torch.tensor([[0.0], [1.0], [10.0], [11.0]])
@@ -129,7 +129,7 @@ def test_export_gguf_cli(draft_dir, target_gguf, tmp_path, monkeypatch):
 
 
 def test_target_gguf_of_another_model_is_refused(draft_dir, tmp_path):
-    from eagle3cli.gguf_export import GGUFExportError, write_draft_gguf
+    from eagle3cli.publish.gguf_export import GGUFExportError, write_draft_gguf
 
     cfg = json.loads((draft_dir / "config.json").read_text())
     other = tmp_path / "other"
@@ -145,7 +145,8 @@ def test_target_gguf_of_another_model_is_refused(draft_dir, tmp_path):
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
 def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
     """llama.cpp's own converter (through our shim) and write_draft_gguf give the same file content."""
-    from eagle3cli.gguf_export import convert_target, find_converter, read_gguf_summary, run_converter, write_draft_gguf
+    from eagle3cli.publish.gguf_export import (
+        convert_target, find_converter, read_gguf_summary, run_converter, write_draft_gguf)
 
     if find_converter() is None:
         pytest.skip("no convert_hf_to_gguf.py under $EAGLE3_LLAMA_CPP")
@@ -246,7 +247,7 @@ def test_eval_engine_errors_are_one_line(engine_case, tmp_path, monkeypatch, fak
 def this_checkouts_template(monkeypatch):
     # An editable install maps eagle3cli.templates to the checkout it was installed from, which
     # may be another worktree: render the card from the template beside these tests.
-    from eagle3cli import model_card
+    from eagle3cli.publish import model_card
 
     here = Path(__file__).resolve().parents[1] / "templates"
     monkeypatch.setattr(model_card, "template_text", lambda name=model_card.TEMPLATE: (here / name).read_text())
@@ -254,7 +255,7 @@ def this_checkouts_template(monkeypatch):
 def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, this_checkouts_template):
     from huggingface_hub import ModelCard
 
-    from eagle3cli.gguf_export import read_gguf_summary
+    from eagle3cli.publish.gguf_export import read_gguf_summary
 
     monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
     args = ["push", str(draft_dir), "--repo", "me/tiny-eagle3", "--base-model", "me/tiny", "--dry-run",
@@ -275,8 +276,8 @@ def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, t
 
 
 def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
-    from eagle3cli.export import read_config
-    from eagle3cli.model_card import eval_rows, render_card
+    from eagle3cli.publish.export import read_config
+    from eagle3cli.publish.model_card import eval_rows, render_card
 
     res = {"hardware": "CPU", "settings": {"mode": "chain", "steps": 3}, "tasks": {},
            "engine": {"name": "llama.cpp", "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": 3, "threads": 2},

@@ -9,12 +9,12 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from eagle3cli.features import FeatureStore
-from eagle3cli.gen_data import GenDataOptions, run
-from eagle3cli.merge_data import MergeError, merge
-from eagle3cli.target import TargetSpec
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import train
+from eagle3cli.data.features import FeatureStore
+from eagle3cli.data.gen_data import GenDataOptions, run
+from eagle3cli.data.merge_data import MergeError, merge
+from eagle3cli.model.target import TargetSpec
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import train
 
 
 def conversations(n):

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 import eagle3cli
 from eagle3cli.cli import app
-from eagle3cli.errors import Eagle3Error, OptionError
-from eagle3cli.options import TARGET_FIELDS, EvalOptions, GenDataOptions, TargetOptions, parse_tree
-from eagle3cli.target import TargetSpec
-from eagle3cli.train_config import TrainConfig
+from eagle3cli.core.errors import Eagle3Error, OptionError
+from eagle3cli.config.options import TARGET_FIELDS, EvalOptions, GenDataOptions, TargetOptions, parse_tree
+from eagle3cli.model.target import TargetSpec
+from eagle3cli.config.train_config import TrainConfig
 
 PACKAGE = Path(eagle3cli.__file__).parent
 TARGET = {f.name: f for f in dataclasses.fields(TargetOptions)}
@@ -90,7 +90,7 @@ def test_each_target_help_is_written_once_in_the_package():
 @pytest.fixture
 def gen_data_gets(monkeypatch):
     """What the gen-data command hands the library, without running it."""
-    import eagle3cli.gen_data as gd
+    import eagle3cli.data.gen_data as gd
 
     seen = {}
 
@@ -138,7 +138,7 @@ def test_gen_data_bad_flag_is_one_line(gen_data_gets, tmp_path, flags, message):
 
 
 def test_empty_vllm_args_is_none_as_before():
-    from eagle3cli.options import json_object
+    from eagle3cli.config.options import json_object
 
     assert json_object("  ") is None and json_object('{"enforce_eager": true}') == {"enforce_eager": True}
 
@@ -164,7 +164,7 @@ def test_eval_tree_defaults_by_device(tmp_path, kw, shape):
 
 
 def test_eval_config_from_options(tmp_path):
-    from eagle3cli.evaluate import EvalConfig
+    from eagle3cli.evaluate.evaluate import EvalConfig
 
     cfg = EvalConfig.from_options(eval_options(tmp_path, task=["gsm8k"], data="p.jsonl", tree="20,5,4",
                                                baseline="prompt-lookup", seed=3, temperature=0.5, fast="off"))
@@ -202,7 +202,7 @@ def test_parse_tree_is_a_value_error_too():
 
 def test_eval_bug_keeps_its_traceback(monkeypatch, tmp_path):
     """No bare ``except ValueError`` in the eval command: a bug is not an "error:" line."""
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     def bug(spec):
         raise ValueError("a bug, not a user error")
@@ -213,7 +213,7 @@ def test_eval_bug_keeps_its_traceback(monkeypatch, tmp_path):
 
 
 def test_eval_bad_flag_is_one_line_before_loading(monkeypatch, tmp_path):
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_config", lambda spec: pytest.fail("validated after loading"))
     res = invoke("eval", "-m", "x/y", "-d", tmp_path, "-o", tmp_path / "o", "--mode", "beam")

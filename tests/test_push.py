@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from tiny import tiny_config
 
-from eagle3cli import push as lib
+from eagle3cli.publish import push as lib
 from eagle3cli.cli import app
 
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -62,8 +62,8 @@ runner = CliRunner()
 
 
 def make_draft(path: Path, metadata=METADATA, seed=0) -> Path:
-    from eagle3cli.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.export import save_draft
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.publish.export import save_draft
 
     cfg = tiny_config("llama")
     draft = Eagle3Draft(DraftConfig.from_target(cfg, 64, (2, 4, 5)))
@@ -237,7 +237,7 @@ def test_local_target_needs_base_model(tmp_path):
     assert f"vllm serve {TARGET} " in (tmp_path / "o" / "README.md").read_text()
 
     # the folder eagle3 itself converts SmolLM2 into (realmodels.py) says where it came from
-    (local / "SOURCE.txt").write_text("converted from SmolLM2-135M-Instruct.Q4_1.gguf (float32) by eagle3cli.realmodels\n")
+    (local / "SOURCE.txt").write_text("converted from SmolLM2-135M-Instruct.Q4_1.gguf (float32) by eagle3cli.core.realmodels\n")
     res, text = cli(d, "--repo", REPO, "--dry-run", tmp_path / "o2")
     assert res.exit_code == 0, res.output
     assert f"base model: {TARGET}" in text

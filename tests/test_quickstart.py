@@ -6,7 +6,7 @@ import json
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from eagle3cli.quickstart import QuickstartOptions, run
+from eagle3cli.workflows.quickstart import QuickstartOptions, run
 
 runner = CliRunner()
 
@@ -78,8 +78,8 @@ def test_quickstart_size_doubles_on_amx_for_smollm2_only(monkeypatch):
     """300 regenerated conversations and 180 steps by default; twice both where the CPU has AMX
     and the target is the default SmolLM2 (regeneration ~2x faster there); 600 read once without
     regeneration; --samples / --steps always win (run() keeps them)."""
-    from eagle3cli import fast_target
-    from eagle3cli.quickstart import default_size
+    from eagle3cli.decode import fast_target
+    from eagle3cli.workflows.quickstart import default_size
 
     monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: False)
     assert default_size(QuickstartOptions())[:2] == (300, 180)

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from eagle3cli import realmodels as rm
+from eagle3cli.core import realmodels as rm
 
 # A ShareGPT-like array cut off in the middle of its 4th object; values contain brackets,
 # braces, escaped quotes and commas so a naive split would break.

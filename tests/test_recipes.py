@@ -9,9 +9,8 @@ from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.commands.train import train as train_command
-from eagle3cli.train_config import (
-    FAMILIES, TrainConfig, load_recipe, recipe_for_model_type, recipe_names, recipe_source, resolve,
-)
+from eagle3cli.config.train_config import (
+    FAMILIES, TrainConfig, load_recipe, recipe_for_model_type, recipe_names, recipe_source, resolve)
 from tiny import ARCHS, tiny_config
 
 runner = CliRunner()

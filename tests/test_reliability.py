@@ -46,7 +46,7 @@ def test_fixtures_live_in_the_repository():
 @pytest.fixture
 def gen_data_raises(monkeypatch):
     """Make gen-data's pipeline raise a given exception, after the CLI parsed its options."""
-    import eagle3cli.gen_data as gd
+    import eagle3cli.data.gen_data as gd
 
     def arm(exc):
         def boom(self):
@@ -87,14 +87,14 @@ def test_a_bug_keeps_its_traceback(gen_data_raises, tmp_path):
 
 
 def test_every_user_error_class_shares_one_base():
-    from eagle3cli.chat_mask import NoChatTemplate
-    from eagle3cli.errors import Eagle3Error
-    from eagle3cli.evaluate import EvalError
-    from eagle3cli.gen_data import GenDataError
-    from eagle3cli.merge_data import MergeError
-    from eagle3cli.push import DraftRejected, PushError
-    from eagle3cli.sources import SourceError
-    from eagle3cli.trainer import TrainError
+    from eagle3cli.data.chat_mask import NoChatTemplate
+    from eagle3cli.core.errors import Eagle3Error
+    from eagle3cli.evaluate.evaluate import EvalError
+    from eagle3cli.data.gen_data import GenDataError
+    from eagle3cli.data.merge_data import MergeError
+    from eagle3cli.publish.push import DraftRejected, PushError
+    from eagle3cli.data.sources import SourceError
+    from eagle3cli.train.trainer import TrainError
 
     for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate,
                 MergeError):
@@ -107,7 +107,7 @@ CHAT = {"conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "
 
 
 def test_utf8_bom_keeps_the_first_conversation(tmp_path):
-    from eagle3cli.sources import load_conversations
+    from eagle3cli.data.sources import load_conversations
 
     p = tmp_path / "notepad.jsonl"
     p.write_bytes(b"\xef\xbb\xbf" + (json.dumps(CHAT) + "\n").encode() * 2)
@@ -128,7 +128,7 @@ def test_non_utf8_file_is_one_line(smol_tiny_dir, tmp_path):
 
 
 def test_openai_content_parts_are_joined(tmp_path):
-    from eagle3cli.sources import load_conversations
+    from eagle3cli.data.sources import load_conversations
 
     rows = [{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"},
                                                        {"type": "text", "text": "there"}]},
@@ -163,7 +163,7 @@ def draft_for_smol(smol_tiny_dir, tmp_path_factory):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import eagle3cli.target as target
+    import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("checked after loading the model"))
 
@@ -178,7 +178,7 @@ def test_eval_out_that_is_a_file_fails_before_any_prompt(smol_tiny_dir, draft_fo
 
 
 def test_eval_turns_must_be_a_list(tmp_path):
-    from eagle3cli.evaluate import EvalError, load_turns_file
+    from eagle3cli.evaluate.evaluate import EvalError, load_turns_file
 
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"turns": "not a list"}) + "\n")
@@ -191,7 +191,7 @@ def test_mt_bench_does_not_wait_for_an_unreachable_hub(monkeypatch):
 
     import datasets
 
-    from eagle3cli.evaluate import load_task
+    from eagle3cli.evaluate.evaluate import load_task
 
     calls = []
 
@@ -325,7 +325,7 @@ def test_gen_data_out_that_is_a_file(smol_tiny_dir, data6, tmp_path, no_model_lo
 def test_disk_estimate_is_compared_with_free_space(smol_tiny_dir, data6, tmp_path, monkeypatch):
     import shutil as _shutil
 
-    import eagle3cli.gen_data as gd
+    import eagle3cli.data.gen_data as gd
 
     monkeypatch.setattr(gd.shutil, "disk_usage", lambda p: _shutil._ntuple_diskusage(10**6, 10**6 - 100, 100))
     res = gen(smol_tiny_dir, data6, tmp_path / "s")
@@ -368,7 +368,7 @@ def test_truncated_shard_with_a_sidecar_is_redone(smol_tiny_dir, data6, tmp_path
 def test_stray_copy_of_a_shard_is_not_read(smol_tiny_dir, data6, tmp_path):
     import shutil
 
-    from eagle3cli.features import FeatureStore
+    from eagle3cli.data.features import FeatureStore
 
     out = tmp_path / "s"
     assert gen(smol_tiny_dir, data6, out).exit_code == 0
@@ -462,8 +462,8 @@ def test_train_refuses_a_truncated_shard(token_store, tmp_path, no_model_load):
 
 
 def test_corrupt_optimizer_state_on_resume(token_store, smol_tiny_dir, tmp_path):
-    from eagle3cli.train_config import TrainConfig
-    from eagle3cli.trainer import train
+    from eagle3cli.config.train_config import TrainConfig
+    from eagle3cli.train.trainer import train
 
     out = tmp_path / "o"
     cfg = TrainConfig(data=str(token_store), out=str(out), online=True, draft_vocab_size="64", ttt_steps=1,
@@ -515,7 +515,7 @@ def test_push_without_a_token_fails_before_the_network(draft_for_smol, tmp_path,
 
 
 def test_full_disk_during_training_is_one_line(token_store, tmp_path, monkeypatch):
-    import eagle3cli.trainer as trainer
+    import eagle3cli.train.trainer as trainer
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "o" / "checkpoints"))
@@ -551,7 +551,7 @@ def test_eval_refuses_a_garbled_draft_before_loading(smol_tiny_dir, draft_for_sm
 
 
 def test_ctrl_c_in_train_says_how_to_resume(token_store, tmp_path, monkeypatch):
-    import eagle3cli.trainer as trainer
+    import eagle3cli.train.trainer as trainer
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -564,7 +564,7 @@ def test_ctrl_c_in_train_says_how_to_resume(token_store, tmp_path, monkeypatch):
 
 
 def test_eval_turns_file_with_a_bom_or_not_utf8(tmp_path):
-    from eagle3cli.evaluate import EvalError, load_turns_file
+    from eagle3cli.evaluate.evaluate import EvalError, load_turns_file
 
     p = tmp_path / "t.jsonl"
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"turns": ["Hi"]}).encode() + b"\n")

@@ -11,9 +11,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from eagle3cli import realmodels as rm
+from eagle3cli.core import realmodels as rm
 from eagle3cli.cli import app
-from eagle3cli.quickstart import bundled_prompts
+from eagle3cli.workflows.quickstart import bundled_prompts
 
 
 def _available() -> bool:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from eagle3cli import sources
-from eagle3cli.sources import SourceError, load_conversations, with_system
+from eagle3cli.data import sources
+from eagle3cli.data.sources import SourceError, load_conversations, with_system
 
 
 def write_jsonl(path, rows):

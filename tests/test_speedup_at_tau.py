@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3cli.generator import EagleDrafter, greedy_generate, speculative_generate
+from eagle3cli.decode.generator import EagleDrafter, greedy_generate, speculative_generate
 from test_generator import NO_EOS, prompt, random_draft
 from tiny import tiny_model
 

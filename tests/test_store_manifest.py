@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from eagle3cli.features import FORMAT, FORMAT_VERSION, Manifest, StoreError, new_manifest, read_manifest
+from eagle3cli.data.features import FORMAT, FORMAT_VERSION, Manifest, StoreError, new_manifest, read_manifest
 
 
 def test_written_manifest_reads_back_typed(tmp_path):

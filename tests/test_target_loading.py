@@ -2,7 +2,7 @@ import pytest
 import torch
 from tiny import save_tiny
 
-from eagle3cli.target import TargetSpec, capture, load_target, resolve_dtype
+from eagle3cli.model.target import TargetSpec, capture, load_target, resolve_dtype
 
 
 def test_dtype_resolution():

@@ -12,15 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3cli.export import METADATA_KEY, read_config
-from eagle3cli.features import shard_name, write_json, write_shard
-from eagle3cli.features import content_hash
-from eagle3cli.inspector import inspect_draft
-from eagle3cli.layers import default_layer_ids
-from eagle3cli.target import capture
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import TrainError, Trainer, checkpoint_dirs, make_batches, rank_groups, train
-from eagle3cli.vocab import build_vocab, size_for_coverage
+from eagle3cli.publish.export import METADATA_KEY, read_config
+from eagle3cli.data.features import shard_name, write_json, write_shard
+from eagle3cli.data.features import content_hash
+from eagle3cli.publish.inspector import inspect_draft
+from eagle3cli.model.layers import default_layer_ids
+from eagle3cli.model.target import capture
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import TrainError, Trainer, checkpoint_dirs, make_batches, rank_groups, train
+from eagle3cli.model.vocab import build_vocab, size_for_coverage
 from tiny import save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,8 +277,8 @@ def test_cli_refuses_mismatch_with_one_line(store, tmp_path, target_dir):
 DDP_SCRIPT = """
 import sys, torch
 from safetensors.torch import save_file
-from eagle3cli.train_config import TrainConfig
-from eagle3cli.trainer import train
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import train
 from accelerate import PartialState
 data, model, out = sys.argv[1:4]
 res = train(TrainConfig(data=data, model=model, out=out, draft_vocab_size="256", ttt_steps=2, lr=3e-3,
@@ -308,7 +308,7 @@ def test_two_process_ddp_ranks_agree(store, target_dir, tmp_path):
 
 
 def test_report_to_names_an_unknown_or_missing_tracker():
-    from eagle3cli.trainer import check_trackers
+    from eagle3cli.train.trainer import check_trackers
 
     assert check_trackers(None) == [] and check_trackers("") == []
     with pytest.raises(TrainError, match="unknown tracker"):
@@ -342,7 +342,7 @@ def test_eagle31_variant_trains_its_norms_and_warns_about_refusing_engines(store
 
     from rich.console import Console
 
-    from eagle3cli import engine_support
+    from eagle3cli.engines import engine_support
 
     monkeypatch.setitem(engine_support.TARGETS[engine_support.VLLM], "LlamaForCausalLM", False)
     buf = io.StringIO()
@@ -404,7 +404,7 @@ def test_recompute_auto_is_on_for_a_large_target_and_off_for_a_small_one():
     8,192 tokens x 7 steps (about 5 GB) is recomputed, SmolLM2's at the quickstart's 1,024 x 3 is not."""
     from types import SimpleNamespace
 
-    from eagle3cli.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, use_recompute
+    from eagle3cli.train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, use_recompute
 
     qwen = SimpleNamespace(hidden_size=896, intermediate_size=4864)
     smol = SimpleNamespace(hidden_size=576, intermediate_size=1536)
@@ -420,7 +420,8 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
                                                                                 monkeypatch):
     """host_memory.return_freed_tensors (freed tensors leave the resident set, about 8% more CPU
     time) is called for a large step on CPU only: large_step decides, as for --recompute auto."""
-    from eagle3cli import host_memory, trainer
+    from eagle3cli.core import host_memory
+    from eagle3cli.train import trainer
 
     calls = []
     monkeypatch.setattr(host_memory, "return_freed_tensors", lambda *a: calls.append(a) or "fixed")
@@ -435,7 +436,7 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
 # ---- mixed precision -------------------------------------------------------------------------
 
 def test_mixed_precision_auto_is_bf16_on_a_gpu_and_fp32_on_a_cpu():
-    from eagle3cli.trainer import mixed_precision
+    from eagle3cli.train.trainer import mixed_precision
 
     assert mixed_precision("auto", cpu=True) == "no" and mixed_precision("auto", cpu=False) == "bf16"
     assert mixed_precision("no", cpu=False) == "no" and mixed_precision("bf16", cpu=True) == "bf16"

@@ -3,11 +3,10 @@
 import torch
 import torch.nn.functional as F
 
-from eagle3cli.draft import DraftConfig, Eagle3Draft, KVCache
-from eagle3cli.ttt import (
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.train.ttt import (
     TTTModel, acceptance_length, repeat_kv, shift_left, soft_cross_entropy, teacher_from_final, teacher_rows,
-    ttt_attention, ttt_streams,
-)
+    ttt_attention, ttt_streams)
 from tiny import tiny_config, tiny_model
 
 
@@ -212,7 +211,7 @@ def test_fused_head_loss_matches_logits_then_loss():
     the argmax and the gradients w.r.t. h and W, with chunks smaller than the rows."""
     import torch.nn.functional as F
 
-    from eagle3cli.ttt import head_soft_cross_entropy
+    from eagle3cli.train.ttt import head_soft_cross_entropy
 
     g = torch.Generator().manual_seed(3)
     h = torch.randn(37, 16, generator=g, requires_grad=True)
@@ -308,7 +307,7 @@ def test_acceptance_loss_gradients_match_autograd_of_its_definition():
     soft cross-entropy (comparable across runs)."""
     import torch.nn.functional as F
 
-    from eagle3cli.ttt import head_soft_cross_entropy
+    from eagle3cli.train.ttt import head_soft_cross_entropy
 
     g = torch.Generator().manual_seed(5)
     h = torch.randn(23, 16, generator=g, requires_grad=True)
@@ -360,7 +359,7 @@ def test_curriculum_unrolls_fewer_steps_with_full_size_statistics():
 
 def test_feature_noise_is_relative_to_each_stream():
     """with_noise: scale x each stream's RMS per position (a quiet stream gets quiet noise); 0 adds none."""
-    from eagle3cli.trainer import with_noise
+    from eagle3cli.train.trainer import with_noise
 
     torch.manual_seed(0)
     aux = torch.cat([torch.randn(2, 500, 8) * 0.01, torch.randn(2, 500, 8) * 100.0], dim=-1)

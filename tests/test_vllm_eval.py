@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from eagle3cli.vllm_eval import delta, max_model_len, summarize
+from eagle3cli.evaluate.vllm_eval import delta, max_model_len, summarize
 
 from test_evaluate import engine_case, engine_eval_args, python_wrapper  # noqa: E402
 
@@ -79,7 +79,7 @@ def test_eval_engine_vllm_reads_vllms_counters(case, fake_python, tmp_path):
 
 
 def test_eval_engine_vllm_only_mismatch_and_conversion(case, fake_python, tmp_path, monkeypatch):
-    from eagle3cli.formats import convert
+    from eagle3cli.publish.formats import convert
 
     target, draft, turns = case
     spec_dir, _ = convert(draft, tmp_path / "draft-speculators", to="speculators")

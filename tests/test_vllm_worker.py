@@ -1,9 +1,9 @@
-"""The request loop both vLLM workers run (eagle3cli.vllm_worker), with a stand-in engine."""
+"""The request loop both vLLM workers run (eagle3cli.engines.vllm_worker), with a stand-in engine."""
 
 import io
 import json
 
-from eagle3cli import vllm_worker
+from eagle3cli.engines import vllm_worker
 
 
 class Engine:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3cli import warm_start
-from eagle3cli.draft import DraftConfig, Eagle3Draft
-from eagle3cli.layers import default_layer_ids
+from eagle3cli.model import warm_start
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+from eagle3cli.model.layers import default_layer_ids
 from tiny import tiny_model
 
 

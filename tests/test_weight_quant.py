@@ -1,4 +1,4 @@
-"""Integer draft weights (eagle3cli/weight_quant.py): what the kernels multiply by, the lean step
+"""Integer draft weights (eagle3cli/decode/weight_quant.py): what the kernels multiply by, the lean step
 they make, and that speculative decoding stays lossless with them."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle3cli import weight_quant
-from eagle3cli.generator import EagleDrafter, greedy_generate, speculative_generate
-from eagle3cli.weight_quant import Int4Linear, Int8Linear, QuantLinear, quantize
+from eagle3cli.decode import weight_quant
+from eagle3cli.decode.generator import EagleDrafter, greedy_generate, speculative_generate
+from eagle3cli.decode.weight_quant import Int4Linear, Int8Linear, QuantLinear, quantize
 from test_generator import NO_EOS, draft_trees, option_draft, prompt
 from tiny import tiny_model
 
@@ -108,7 +108,7 @@ def test_matmuls_the_kernel_cannot_take_stay_full_in_the_lean_step(kind):
     assert not isinstance(lean.down, QuantLinear) and isinstance(lean.head, QuantLinear)
     assert isinstance(lean.gate_up, QuantLinear) == (kind == "int8")  # 200 rows: int8 takes them, int4 not
     # the full matmuls can still be packed, as far as this CPU packs at all
-    from eagle3cli.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     assert lean.packable(4) == [k for k in ("mkl", ONEDNN) if Linear.can_pack(lean.down.weight, 4 if k == "mkl" else ONEDNN)]
     ref = EagleDrafter(with_weights(draft, lean), lean=False)
@@ -132,8 +132,8 @@ def test_integer_draft_weights_keep_decoding_lossless(kind, mode):
 
 
 def test_draft_weights_rule():
-    from eagle3cli.fast_draft import FastDraft, compute_dtype, weights_for
-    from eagle3cli.fast_target import FastTarget
+    from eagle3cli.decode.fast_draft import FastDraft, compute_dtype, weights_for
+    from eagle3cli.decode.fast_target import FastTarget
 
     target = tiny_model("llama")
     fast32 = FastTarget(target, 64)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from ..options import TargetOptions, flag_fields
+from ..config.options import TargetOptions, flag_fields
 
 console = Console(stderr=True, soft_wrap=True)  # one-line errors stay on one line in logs
 
@@ -24,7 +24,7 @@ def report_console(**kw) -> Console:
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return Console(width=160 if wide else None, **kw)
 
-# ---- flags generated from option dataclasses (eagle3cli/options.py) ----------------------------
+# ---- flags generated from option dataclasses (eagle3cli/config/options.py) ----------------------------
 
 
 def _plain_type(annotation) -> type:
@@ -96,7 +96,7 @@ TrustRemoteCode = target_flag("trust_remote_code")
 def fail(message: str, code: int = 1):
     """Refuse with one clear line: raised as an Eagle3Error, so the CLI boundary (errors.py)
     prints it like every other user-facing error (with the traceback under EAGLE3_DEBUG=1)."""
-    from ..errors import Eagle3Error
+    from ..core.errors import Eagle3Error
 
     error = Eagle3Error(message)
     error.exit_code = code

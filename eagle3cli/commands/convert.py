@@ -26,9 +26,9 @@ def convert(
     """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
     import torch
 
-    from ..formats import TARGETS, inspect_any
-    from ..formats import convert as run
-    from ..layers import parse_layer_ids
+    from ..publish.formats import TARGETS, inspect_any
+    from ..publish.formats import convert as run
+    from ..model.layers import parse_layer_ids
 
     if to not in TARGETS:
         fail(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
@@ -39,7 +39,7 @@ def convert(
     try:
         ids = parse_layer_ids(layers)
         if model:
-            from ..target import TargetSpec, load_config, load_target
+            from ..model.target import TargetSpec, load_config, load_target
 
             spec = TargetSpec(model=model, revision=revision, dtype="float32", device="cpu",
                               trust_remote_code=trust_remote_code)

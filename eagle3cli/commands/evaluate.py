@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..options import EvalOptions
+from ..config.options import EvalOptions
 from .common import console, fail, flags_from, report_console
 
 
 @flags_from(EvalOptions, required=("model",))
 def evaluate(**flags):
     """Speculative vs plain decoding on the same prompts: tau, n-alpha, tokens/s, speedup, lossless check."""
-    from ..options import from_flags
-    from ..target import TargetSpec
+    from ..config.options import from_flags
+    from ..model.target import TargetSpec
 
     opts = from_flags(EvalOptions, flags)
     opts.validate()
     server_bin = None
     if opts.engine == "llama.cpp":
-        from ..llamacpp import find_binary
+        from ..evaluate.llamacpp import find_binary
 
         server_bin = find_binary(llama_cpp=opts.llama_cpp)  # before any model is loaded
     spec = TargetSpec.of(opts)
     if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
-        from ..target import load_config
-        from ..vllm_eval import check_python, check_target
+        from ..model.target import load_config
+        from ..evaluate.vllm_eval import check_python, check_target
 
         check_python(opts.vllm_python)
         check_target(load_config(spec))
@@ -38,7 +38,7 @@ def evaluate(**flags):
 
 def _no_tasks(opts: EvalOptions) -> dict:
     """The results of a run without our generator: the settings llama-server ran with."""
-    from ..evaluate import hardware
+    from ..evaluate.evaluate import hardware
 
     settings = {"mode": "chain", "steps": opts.steps, "temperature": opts.temperature,
                 "max_new_tokens": opts.max_new_tokens}
@@ -49,10 +49,10 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     """Our generator on every task: checks the draft against the target before loading either."""
     import torch
 
-    from ..evaluate import EvalConfig, check_draft, evaluate_spec, load_task
-    from ..formats import as_ours, read_draft
-    from ..generator import check_supported
-    from ..target import load_config, load_tokenizer
+    from ..evaluate.evaluate import EvalConfig, check_draft, evaluate_spec, load_task
+    from ..publish.formats import as_ours, read_draft
+    from ..decode.generator import check_supported
+    from ..model.target import load_config, load_tokenizer
 
     cfg = EvalConfig.from_options(opts)
     target_config = load_config(spec)
@@ -89,13 +89,13 @@ def _with_progress(n_prompts: int, run):
 
 
 def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
-    """The draft in llama-server (eagle3cli/llamacpp.py): the results' ``engine`` section."""
+    """The draft in llama-server (eagle3cli/evaluate/llamacpp.py): the results' ``engine`` section."""
     import signal
     import sys
 
-    from ..evaluate import load_task
-    from ..llamacpp import engine_files, run
-    from ..target import load_tokenizer
+    from ..evaluate.evaluate import load_task
+    from ..evaluate.llamacpp import engine_files, run
+    from ..model.target import load_tokenizer
 
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
@@ -107,13 +107,13 @@ def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
 
 
 def _run_vllm(opts: EvalOptions, spec) -> dict:
-    """The draft in vLLM (eagle3cli/vllm_eval.py): the results' ``engine`` section."""
+    """The draft in vLLM (eagle3cli/evaluate/vllm_eval.py): the results' ``engine`` section."""
     import signal
     import sys
 
-    from ..evaluate import load_task
-    from ..target import load_config, load_tokenizer
-    from ..vllm_eval import run
+    from ..evaluate.evaluate import load_task
+    from ..model.target import load_config, load_tokenizer
+    from ..evaluate.vllm_eval import run
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the vLLM worker too when killed
     loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]
@@ -124,7 +124,7 @@ def _run_vllm(opts: EvalOptions, spec) -> dict:
 
 
 def _finish(results, opts: EvalOptions, section):
-    from ..evaluate import write_results
+    from ..evaluate.evaluate import write_results
 
     results["target"] = opts.model
     results["draft"] = str(opts.draft)
@@ -142,14 +142,14 @@ def _finish(results, opts: EvalOptions, section):
 def show(results: dict):
     from rich.table import Table
 
-    from ..evaluate import fmt
+    from ..evaluate.evaluate import fmt
 
     out = report_console()
     if results.get("engine"):
         if results["engine"].get("name") == "vLLM":
-            from ..vllm_eval import engine_table
+            from ..evaluate.vllm_eval import engine_table
         else:
-            from ..llamacpp import engine_table
+            from ..evaluate.llamacpp import engine_table
         out.print(engine_table(results["engine"]))
     if not results["tasks"]:
         return

@@ -1,4 +1,4 @@
-"""`eagle3 export-gguf`: a draft as a llama.cpp EAGLE-3 GGUF (library: eagle3cli/gguf_export.py)."""
+"""`eagle3 export-gguf`: a draft as a llama.cpp EAGLE-3 GGUF (library: eagle3cli/publish/gguf_export.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def export_gguf(
                                                   "(default: $EAGLE3_LLAMA_CPP)."),
 ):
     """Write the draft as a llama.cpp EAGLE-3 GGUF (llama-server -md ... --spec-type draft-eagle3)."""
-    from ..export import METADATA_KEY, read_config
-    from ..gguf_export import export_gguf as run
-    from ..inspector import inspect_draft
+    from ..publish.export import METADATA_KEY, read_config
+    from ..publish.gguf_export import export_gguf as run
+    from ..publish.inspector import inspect_draft
 
     rep = inspect_draft(draft_dir)
     if not rep.ok:

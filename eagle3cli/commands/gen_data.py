@@ -1,21 +1,21 @@
 """`eagle3 gen-data`: chat prompts -> the target's own answers -> masks -> features on disk.
 
-The flags are the fields of ``GenDataOptions`` (eagle3cli/options.py), the target's first.
+The flags are the fields of ``GenDataOptions`` (eagle3cli/config/options.py), the target's first.
 """
 
 from __future__ import annotations
 
-from ..options import GenDataOptions
+from ..config.options import GenDataOptions
 from . import common
 
 
 @common.flags_from(GenDataOptions, required=("model",))
 def gen_data(**flags):
     """Build training data: the target answers chat prompts, masks cover its answers, features go to disk."""
-    from ..errors import Interrupted
-    from ..gen_data import run
-    from ..options import from_flags
-    from ..target import TargetSpec
+    from ..core.errors import Interrupted
+    from ..data.gen_data import run
+    from ..config.options import from_flags
+    from ..model.target import TargetSpec
 
     opts = from_flags(GenDataOptions, flags)
     try:
@@ -29,7 +29,7 @@ def gen_data(**flags):
 
 def summary(out, man: dict) -> str:
     """The one line that says what the run wrote."""
-    from ..gen_data import human_bytes
+    from ..data.gen_data import human_bytes
 
     state = "complete" if man["complete"] else f"{man['shards_done']}/{man['shards_planned']} shards (other ranks pending)"
     return (f"[green]wrote[/] {out}: {man['num_samples']} samples, {man['num_tokens']:,} tokens "

@@ -18,11 +18,11 @@ def inspect(
     """Validate an EAGLE-3 draft (ours or a third party's); exit 1 if it has problems."""
     from rich.table import Table
 
-    from ..formats import FORMATS, inspect_any
+    from ..publish.formats import FORMATS, inspect_any
 
     target_config = None
     if model:
-        from ..target import TargetSpec, load_config
+        from ..model.target import TargetSpec, load_config
 
         target_config = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))
     rep, _ = inspect_any(draft, target_config)
@@ -41,7 +41,7 @@ def inspect(
         ("max positions", s.get("max_position_embeddings")),
     ]
     if target_config is not None:
-        from ..layers import text_config
+        from ..model.layers import text_config
 
         rows.append((f"--model {model}: hidden / vocab", f"{text_config(target_config).hidden_size} / "
                      f"{text_config(target_config).vocab_size}"))
@@ -59,7 +59,7 @@ def inspect(
         out.print(f"[cyan]{line.split(':', 1)[0]}:[/]{line.split(':', 1)[1]}", highlight=False)
     for p in rep.problems:
         out.print(f"[red]problem:[/] {p}", highlight=False)
-    from ..engine_support import unsupported_options
+    from ..engines.engine_support import unsupported_options
 
     for eng, missing in unsupported_options(s.get("options") or {}).items():
         if missing:

@@ -19,8 +19,8 @@ def layers(
     """Print the target's layer count and the three streams EAGLE-3 captures."""
     from rich.console import Console
 
-    from ..layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
-    from ..target import TargetSpec, load_config
+    from ..model.layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
+    from ..model.target import TargetSpec, load_config
 
     # A bad target (TargetError) or --layers (OptionError) is one line at the CLI boundary.
     cfg = load_config(TargetSpec(model=model, revision=revision, trust_remote_code=trust_remote_code))

@@ -18,6 +18,6 @@ def merge_data(
                               "sources removed once OUT is sealed) instead of copying them."),
 ):
     """Check that writers' shards make one store (each planned shard once, intact, same settings), gather and seal it."""
-    from ..merge_data import merge
+    from ..data.merge_data import merge
 
     merge(out, sources, move=move, say=lambda line: common.console.print(f"[green]{line}[/]", highlight=False))

@@ -1,4 +1,4 @@
-"""`eagle3 push`: publish a draft as a Hub repo with a model card (library: eagle3cli/push.py)."""
+"""`eagle3 push`: publish a draft as a Hub repo with a model card (library: eagle3cli/publish/push.py)."""
 
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ def push(
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="With --gguf: a llama.cpp tree whose convert_hf_to_gguf.py writes the GGUF (default: $EAGLE3_LLAMA_CPP)."),
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
-    from .. import push as lib
-    from ..formats import as_ours
-    from ..gguf_export import OUTTYPES, GGUFOptions
+    from ..publish import push as lib
+    from ..publish.formats import as_ours
+    from ..publish.gguf_export import OUTTYPES, GGUFOptions
 
     bad = [t for t in gguf if t not in OUTTYPES]
     if bad:
         fail(f"--gguf must be one of {', '.join(OUTTYPES)}, got {bad[0]!r}")
     opts = None
     if gguf:
-        from ..export import METADATA_KEY, read_config
+        from ..publish.export import METADATA_KEY, read_config
 
         recorded = (read_config(draft_dir).get(METADATA_KEY) or {}).get("target") if (draft_dir / "config.json").is_file() else None
         opts = GGUFOptions(list(gguf), target_dir=recorded if recorded and Path(recorded).is_dir() else None,

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..quickstart import QuickstartOptions
+from ..workflows.quickstart import QuickstartOptions
 from .common import console, report_console
 
 
@@ -33,12 +33,12 @@ def quickstart(
     """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
     from rich.table import Table
 
-    from ..quickstart import run
+    from ..workflows.quickstart import run
 
     opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
                              eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
     res = run(opts, log=lambda m: console.print(m, highlight=False))  # user errors: Eagle3Error, one line
-    from ..model_card import sglang_command, vllm_command
+    from ..publish.model_card import sglang_command, vllm_command
 
     task = res.results["tasks"]["mt_bench"]
     tps = task["tokens_per_s"]

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from ..train_config import TrainConfig
+from ..config.train_config import TrainConfig
 from .common import console, fail, flags_from, report_console
 
 RECIPE_HELP = "Recipe: a name (see `eagle3 recipes`), a YAML file, 'auto' (by the target's model_type) or 'none'."
@@ -33,14 +33,14 @@ def _model_type(flags: dict) -> str | None:
     from pathlib import Path
 
     if flags.get("data"):
-        from ..features import MANIFEST, read_manifest
+        from ..data.features import MANIFEST, read_manifest
 
         if not (Path(flags["data"]) / MANIFEST).exists():
             fail(f"{flags['data']} is not a feature store (no {MANIFEST}): run `eagle3 gen-data` first")
         return read_manifest(flags["data"]).model_type  # a garbled manifest: StoreError, one line
     if flags.get("model"):
-        from ..layers import text_config
-        from ..target import TargetSpec, load_config
+        from ..model.layers import text_config
+        from ..model.target import TargetSpec, load_config
 
         cfg = load_config(TargetSpec(model=flags["model"], revision=flags.get("revision"),  # TargetError: one line
                                      trust_remote_code=bool(flags.get("trust_remote_code"))))
@@ -51,7 +51,7 @@ def _model_type(flags: dict) -> str | None:
 @flags_from(TrainConfig, extra=_EXTRA, unset=True)
 def train(**kwargs):
     """Train an EAGLE-3 draft with training-time test on a gen-data feature store."""
-    from ..train_config import resolve
+    from ..config.train_config import resolve
 
     recipe = kwargs.pop("recipe")
     print_config = kwargs.pop("print_config")
@@ -61,8 +61,8 @@ def train(**kwargs):
     if print_config:
         typer.echo(json.dumps({"recipe": used, **cfg.to_dict()}, indent=2))
         return
-    from ..errors import Interrupted
-    from ..trainer import train as run_training
+    from ..core.errors import Interrupted
+    from ..train.trainer import train as run_training
 
     try:
         result = run_training(cfg, recipe=used, console=console)
@@ -79,7 +79,7 @@ def recipes(name: Optional[str] = typer.Argument(None, help="Show this recipe's 
     """List the training recipes (or print one)."""
     from rich.table import Table
 
-    from ..train_config import FAMILIES, read_recipe, recipe_names, recipe_source
+    from ..config.train_config import FAMILIES, read_recipe, recipe_names, recipe_source
 
     if name:
         typer.echo(recipe_source(name)[1])  # an unknown recipe: OptionError, one line

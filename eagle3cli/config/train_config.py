@@ -1,0 +1,292 @@
+"""Training configuration: one dataclass, YAML recipes per model family, and their precedence.
+
+Every field of ``TrainConfig`` is at once a CLI flag of ``eagle3 train`` (``lr`` ->
+``--lr``, ``ttt_steps`` -> ``--ttt-steps``) and a key a recipe may set. Values resolve as
+
+    dataclass defaults  <  recipe (--recipe NAME|FILE|auto)  <  flags given on the command line
+
+Recipes are YAML files in the repository's ``recipes/`` folder, shipped inside the package as
+``eagle3cli.recipes`` (which is why this module is not called ``recipes.py``). ``auto`` picks the recipe of the target's ``model_type`` family.
+This module imports neither torch nor transformers (the CLI builds its flags from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from ..core.errors import Eagle3Error, OptionError
+from .options import TargetOptions, option
+
+# model_type (config.json) -> recipe name.
+FAMILIES = {
+    "llama": "llama",
+    "qwen2": "qwen2", "qwen2_moe": "qwen2",
+    "qwen3": "qwen3", "qwen3_moe": "qwen3",
+    "mistral": "mistral", "mixtral": "mistral", "ministral": "mistral",
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
+    "phi": "phi", "phi3": "phi", "phimoe": "phi",
+}
+META_KEYS = {"description"}  # recipe keys that are not settings
+# Numbers that would only show up as a NaN loss (or an overflow) many steps later.
+FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
+                  "val_fraction", "feature_noise", "accept_loss")
+MIXED_PRECISION = ("auto", "bf16", "no")
+LOSS_ON = ("answers", "all")
+AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints")
+# accelerate tracker name -> the packages that provide it.
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+
+
+class TrainError(Eagle3Error):
+    """A user-facing problem, reported as one line."""
+
+
+_f = option  # short name: every field below is one
+
+
+@dataclass
+class TrainConfig(TargetOptions):
+    # The target-loading fields (model, revision, dtype, device, load_in_8bit/4bit, adapter,
+    # trust_remote_code) come from TargetOptions, shared with gen-data and eval.
+    SHOWN_DEFAULTS: ClassVar[dict] = {"model": "the store's target"}  # what train --help says for None
+    # --- what to train on ---
+    data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.")
+    out: str = _f("eagle3-draft", "Output folder: the final draft, checkpoints/ and logs.")
+    chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
+    layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
+    online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
+    allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
+    init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
+                                     "instead of random weights; its layers must match the store's.")
+    init_vocab: str = _f("keep", "With --init-from: 'keep' its vocabulary (d2t, t2d, lm_head as they are) or "
+                                 "'new' (built from this store; lm_head rows of shared tokens copied).")
+    loss_on: str = _f("answers", "Positions the loss scores: answers (the store's loss mask, the assistant's "
+                                 "tokens) or all (every token: the teacher is the target's own distribution "
+                                 "wherever it stands, so prompt positions teach the same function). Held-out "
+                                 "metrics always score answers.")
+    # --- draft vocabulary ---
+    draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
+    vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
+    # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
+    variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
+                                "target stream before fc, and norm_output, the normed output fed to the next step).")
+    norm_before_fc: bool = _f(False, "One RMSNorm over the concatenated target streams before fc (input_norm; "
+                                     "vLLM/SGLang norm_before_fc). Not with --variant eagle3.1 (it has fc_norm).")
+    norm_before_residual: bool = _f(False, "The residual around the draft's attention is hidden_norm(g) instead of g "
+                                           "(speculators' variant; vLLM serves it, SGLang 0.5.23 does not).")
+    # --- initialisation ---
+    warm_start: str = _f("none", "Start the draft from the target's weights: comma-separated parts of head (final "
+                                 "norm + LM head rows), fc (pass the high stream through), layer (the target's "
+                                 "last layer); none = random (measured best for short CPU runs, docs/benchmarks.md).")
+    freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
+                                  "with --init-from): nothing to learn there.")
+    # --- training-time test ---
+    ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
+    step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
+    ttt_warmup: int = _f(0, "Optimizer steps trained with one TTT step before the full unroll (a curriculum: "
+                            "step 0 is learned first).")
+    eval_ttt_steps: int = _f(0, "Steps unrolled for the held-out evaluation (0: --ttt-steps), e.g. 7 to "
+                                "measure a --ttt-steps 1 draft on the 7-step scale.")
+    recompute: bool | None = _f(None, "Recompute each TTT step's layer in the backward instead of keeping its "
+                                      "activations: same values, less memory, more compute. Default: auto (on "
+                                      "when the kept activations would exceed 1 GB, docs/benchmarks.md).")
+    # --- loss and regularisation ---
+    accept_loss: float = _f(0.0, "Share w of the acceptance loss: train on (1 - w) soft cross-entropy + w (-log "
+                                 "sum_v min(p_v, q_v)), the chance speculative sampling accepts a drafted token "
+                                 "(LK losses, arXiv 2602.23881). 0: soft cross-entropy alone.")
+    feature_noise: float = _f(0.0, "Gaussian noise added to the target's streams in training steps, as a share of "
+                                   "each stream's RMS at that position (0: none).")
+    # --- optimisation ---
+    lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
+    warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    grad_clip: float = _f(0.5, "Gradient norm clip.")
+    max_tokens: int = _f(8192, "Token budget of one micro-batch (padded tokens, per process).")
+    grad_accum: int = _f(1, "Micro-batches per optimizer step.")
+    epochs: int = _f(3, "Passes over the training split.")
+    max_steps: int = _f(0, "Stop after this many optimizer steps (0: no limit; the schedule spans it).")
+    mixed_precision: str = _f("auto", "bf16: compute under bf16 autocast (fp32 master weights and teacher); no: "
+                                      "fp32. auto: bf16 on a GPU, fp32 on a CPU (bf16 there: 1.14x the tokens/s "
+                                      "with AMX-BF16, but more resident memory: docs/benchmarks.md).")
+    max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
+    seed: int = _f(0, "Seed for initialisation, split and batch order.")
+    val_fraction: float = _f(0.02, "Share of conversations held out and evaluated each epoch.")
+    # --- checkpoints and logging ---
+    save_every: int = _f(500, "Checkpoint every N optimizer steps (and at the end).")
+    keep_checkpoints: int = _f(2, "Keep the last K checkpoints.")
+    resume: bool = _f(False, "Resume from the last checkpoint in --out.")
+    log_every: int = _f(10, "Update the live metrics every N steps.")
+    report_to: str | None = _f(None, "Also log to: tensorboard, wandb (accelerate trackers), comma-separated.")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> list[str]:
+        """Refuse flag values that cannot train, before anything is loaded; returns the
+        --report-to tracker names (each known and installed)."""
+        if self.data is None:
+            raise TrainError("--data is required (a folder written by `eagle3 gen-data`)")
+        for name in FLOAT_SETTINGS:
+            if not math.isfinite(getattr(self, name)):
+                raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+        if not 0 < self.lr <= 1:
+            raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {self.lr:g}")
+        for name in AT_LEAST_ONE:
+            if getattr(self, name) < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.val_fraction < 1:
+            raise TrainError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise TrainError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, got "
+                             f"{self.mixed_precision!r}")
+        if not 0 <= self.accept_loss <= 1:
+            raise TrainError(f"--accept-loss must lie in [0, 1] (a share of the loss), got {self.accept_loss:g}")
+        if self.feature_noise < 0:
+            raise TrainError(f"--feature-noise must be 0 or more (a share of each stream's RMS), got "
+                             f"{self.feature_noise:g}")
+        if self.ttt_warmup < 0:
+            raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
+        if self.loss_on not in LOSS_ON:
+            raise TrainError(f"--loss-on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
+        if (self.load_in_8bit or self.load_in_4bit) and not self.online:
+            raise TrainError("--load-in-8bit/--load-in-4bit only apply to --online training "
+                             "(offline training uses the stored features)")
+        return check_trackers(self.report_to)
+
+
+def check_trackers(report_to: str | None) -> list[str]:
+    """--report-to names, each known and installed (accelerate would silently drop the others)."""
+    import importlib.util
+
+    names = [t.strip().lower() for t in (report_to or "").split(",") if t.strip()]
+    for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise TrainError(f"--report-to {name}: unknown tracker; choose from {', '.join(TRACKER_PACKAGES)}")
+        if not any(importlib.util.find_spec(p) for p in TRACKER_PACKAGES[name]):
+            raise TrainError(f"--report-to {name} needs the {TRACKER_PACKAGES[name][0]} package: "
+                             f"pip install {TRACKER_PACKAGES[name][0]}")
+    return names
+
+
+def field_types() -> dict[str, type]:
+    """Plain type of each field (bool, int, float or str; ``X | None`` -> X)."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        out[f.name] = {"bool": bool, "int": int, "float": float}.get(t.split("|")[0].strip(), str)
+    return out
+
+
+def coerce(key: str, value: Any, source: str) -> Any:
+    """Check/convert one setting to its field's type (YAML reads 1e-4 as a string)."""
+    types = field_types()
+    if key not in types:
+        raise OptionError(f"{source}: unknown setting {key!r} (see `eagle3 train --help`)")
+    if value is None:
+        return None
+    want = types[key]
+    try:
+        if want is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if want is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        return want(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
+
+
+VARIANTS = ("eagle3", "eagle3.1")
+
+
+def draft_options(cfg: TrainConfig) -> dict[str, bool]:
+    """The DraftConfig architecture options of ``cfg`` (``--variant`` and the two norm flags)."""
+    if cfg.variant not in VARIANTS:
+        raise OptionError(f"--variant must be one of {', '.join(VARIANTS)}, got {cfg.variant!r}")
+    v31 = cfg.variant == "eagle3.1"
+    if v31 and cfg.norm_before_fc:
+        raise OptionError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
+                          "each stream before fc (speculators refuses both)")
+    return {"fc_norm": v31, "norm_output": v31, "norm_before_fc": bool(cfg.norm_before_fc),
+            "norm_before_residual": bool(cfg.norm_before_residual)}
+
+
+# ---- recipes --------------------------------------------------------------------------------
+
+def _recipe_dir():
+    """Packaged recipes; in a source checkout that is not installed, the repo's recipes/."""
+    try:
+        return files("eagle3cli.recipes")
+    except (ModuleNotFoundError, TypeError):
+        return Path(__file__).resolve().parents[2] / "recipes"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _recipe_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def recipe_for_model_type(model_type: str | None) -> str | None:
+    return FAMILIES.get((model_type or "").lower())
+
+
+def recipe_source(name_or_path: str) -> tuple[str, str]:
+    """(name, YAML text) of a packaged recipe name or a YAML file path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise OptionError(f"recipe file {name_or_path} does not exist")
+        return str(path), path.read_text()
+    if name_or_path in recipe_names():
+        return name_or_path, (_recipe_dir() / f"{name_or_path}.yaml").read_text()
+    raise OptionError(f"unknown recipe {name_or_path!r}; choose one of {', '.join(recipe_names())}, "
+                      "auto, none, or a YAML file")
+
+
+def read_recipe(name_or_path: str) -> tuple[str, dict]:
+    """(name, raw mapping) of a recipe."""
+    name, text = recipe_source(name_or_path)
+    raw = yaml.safe_load(text) or {}
+    if not isinstance(raw, dict):
+        raise OptionError(f"recipe {name}: expected a mapping of settings, got {type(raw).__name__}")
+    return name, raw
+
+
+def load_recipe(name_or_path: str) -> tuple[str, dict]:
+    """(name, validated settings) of a recipe; unknown keys and wrong types are errors."""
+    name, raw = read_recipe(name_or_path)
+    settings = {k: coerce(k, v, f"recipe {name}") for k, v in raw.items() if k not in META_KEYS}
+    return name, settings
+
+
+def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:
+    """defaults < recipe < flags. ``flags`` holds only the flags actually given (None = unset).
+
+    Returns the config and the name of the recipe used (None when none applies).
+    """
+    flags = {k: coerce(k, v, "flag") for k, v in flags.items() if v is not None}
+    settings: dict = {}
+    used = None
+    if recipe and recipe != "none":
+        if recipe == "auto":
+            used = recipe_for_model_type(model_type)
+        else:
+            used = recipe
+        if used is not None:
+            used, settings = load_recipe(used)
+    cfg = TrainConfig(**{**settings, **flags})
+    draft_options(cfg)  # a wrong --variant fails here, before any model is loaded
+    return cfg, used

@@ -1,0 +1,537 @@
+"""The on-disk feature store written by ``gen-data`` and read by ``train``.
+
+Layout of a store directory::
+
+    manifest.json                     target, layers, dtype, template hash, counts (docs/design.md §9)
+    shards/shard-RR-NNNNN.safetensors one file per block of conversations (RR = writer rank)
+
+Each shard concatenates its samples along the token axis (no pickles, one file per block
+rather than per sample):
+
+    input_ids  int32 [T]        loss_mask bool [T]       offsets int64 [n+1]
+    sample_ids int64 [n]        (index of each sample in the source, for tracing)
+    aux        bf16|fp16 [T, 3*Ht]   target streams hidden_states[j] for the 3 layer ids
+    final      bf16|fp16 [T, Ht]     hidden_states[N] (final-normed), for teacher logits
+    count_ids, count_values int64    token frequencies over loss-masked tokens (sparse)
+
+``aux``/``final`` are absent for ``--features none`` stores (online training). Shards are
+written to a temporary name and renamed, so a shard file that exists is complete.
+
+This module owns the store's whole contract (docs/design.md §9): the format constant, the
+shards and their sidecars, the manifest (written by :func:`write_manifest` from gen-data's
+:func:`new_manifest` base, read and type-checked by :func:`read_manifest`), the checks a reader
+makes before trusting a store (:func:`check_store`, :func:`check_complete`) and the
+fingerprints that tie a store to its target and data (:func:`content_hash`,
+:func:`data_fingerprint`). ``gen_data`` runs the pipeline that fills it; ``trainer`` reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from bisect import bisect_right
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..core.errors import Eagle3Error
+# They lived here; still importable from this module (gen_data and trainer do).
+from ..core.io_utils import atomic_write_bytes, default_file_mode, write_json  # noqa: F401
+
+FORMAT = "eagle3-features"  # manifest "format" and every shard's safetensors metadata
+MANIFEST = "manifest.json"
+SHARD_DIR = "shards"
+FORMAT_VERSION = 1
+
+
+# Only names gen-data writes: "shard-00-00000 (copy).safetensors" and the like are not shards.
+SHARD_FILE = re.compile(r"^shard-(\d{2})-(\d{5})\.safetensors$")
+SIDECAR_FILE = re.compile(r"^shard-(\d{2})-(\d{5})\.json$")
+
+
+class StoreError(Eagle3Error, ValueError):
+    """A feature store that cannot be trusted or read; the message names the shard and the fix."""
+
+
+def shard_name(rank: int, index: int) -> str:
+    return f"shard-{rank:02d}-{index:05d}.safetensors"
+
+
+def sidecars(shard_dir: Path) -> dict[int, Path]:
+    """Global shard index -> its stats sidecar, for the sidecars gen-data names alone."""
+    found = {}
+    for p in Path(shard_dir).glob("shard-*.json") if Path(shard_dir).is_dir() else []:
+        m = SIDECAR_FILE.match(p.name)
+        if m:
+            found[int(m.group(2))] = p
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shard_problem(sidecar: Path, hash: bool = True) -> str | None:
+    """Why the shard a sidecar describes cannot be trusted (None: it is what was written).
+
+    The sidecar records the file's byte length and sha256: a truncated copy, a file edited or
+    replaced after gen-data, or a missing one is caught before anything relies on it.
+    """
+    try:
+        stats = json.loads(Path(sidecar).read_text())
+    except (OSError, ValueError):
+        return f"{Path(sidecar).name} is unreadable"
+    if not stats.get("file"):
+        return None  # a shard whose conversations were all skipped: no file to check
+    path = Path(sidecar).parent / stats["file"]
+    if not path.is_file():
+        return f"{stats['file']} is missing"
+    size = path.stat().st_size
+    if stats.get("bytes") is not None and size != stats["bytes"]:
+        return f"{stats['file']} is {size:,} bytes, its sidecar says {stats['bytes']:,} (truncated or replaced)"
+    if hash and stats.get("sha256") and file_sha256(path) != stats["sha256"]:
+        return f"{stats['file']} differs from the sha256 its sidecar recorded (changed after gen-data)"
+    return None
+
+
+def store_shard_files(root: Path) -> list[Path]:
+    """The shard files of a store: those its sidecars name (stray copies are never read); a
+    store without sidecars (written by hand) has the files named like gen-data's."""
+    shard_dir = Path(root) / SHARD_DIR
+    named = []
+    for side in sidecars(shard_dir).values():
+        try:
+            file = json.loads(side.read_text()).get("file")
+        except (OSError, ValueError):
+            raise StoreError(f"{side} is unreadable: rerun the gen-data command to redo that shard") from None
+        if file:
+            named.append(shard_dir / file)
+    if not named and not sidecars(shard_dir):
+        named = [p for p in shard_dir.glob("shard-*.safetensors") if SHARD_FILE.match(p.name)]
+    return sorted(named, key=shard_order)
+
+
+def shard_order(path: Path):
+    """Sort key of a shard file: its global index first, so that a store written by several
+    ranks (or merged from several writers) lists its samples in the order one writer would."""
+    m = SHARD_FILE.match(Path(path).name)
+    return (int(m.group(2)), int(m.group(1))) if m else (float("inf"), 0)
+
+
+def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bfloat16):
+    """Write one shard atomically. Each sample: input_ids [T], loss_mask [T], sample_id,
+    and optionally aux [T,3Ht] and final [T,Ht]."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lengths = [int(s["input_ids"].numel()) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.long).cumsum(0)
+    ids = torch.cat([s["input_ids"].reshape(-1).to(torch.int32) for s in samples])
+    mask = torch.cat([s["loss_mask"].reshape(-1).to(torch.bool) for s in samples])
+    counted = ids[mask].long()
+    uniq, counts = counted.unique(return_counts=True) if counted.numel() else (counted, counted)
+    tensors = {
+        "input_ids": ids,
+        "loss_mask": mask,
+        "offsets": offsets,
+        "sample_ids": torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long),
+        "count_ids": uniq.long(),
+        "count_values": counts.long(),
+    }
+    if samples and "aux" in samples[0]:
+        tensors["aux"] = torch.cat([s["aux"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
+        tensors["final"] = torch.cat([s["final"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT,
+                                                                                    "version": str(FORMAT_VERSION)})
+    _canonical_header(tmp)
+    os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a store is often shared by a team
+    os.replace(tmp, path)
+
+
+def _canonical_header(path: Path):
+    """Rewrite a safetensors header with sorted keys, in place and at the same length.
+
+    safetensors serialises ``__metadata__`` from a hash map, so its key order changes from one
+    process to the next; sorting it makes a shard's bytes a function of its content alone
+    (a resumed run then writes files bit-identical to an uninterrupted one).
+    """
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        canon = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+        if len(canon) <= n:
+            f.seek(8)
+            f.write(canon + b" " * (n - len(canon)))
+
+
+# ---------------------------------------------------------------- fingerprints
+
+def content_hash(model: str, gguf_file: str | None = None) -> str | None:
+    """A cheap fingerprint of a local target: config plus each weight file's name, size and
+    safetensors header (shapes and offsets); None for Hub ids (the revision identifies them)."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    cfg = path / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    for f in sorted(path.iterdir()):
+        if f.suffix not in (".safetensors", ".bin", ".gguf", ".pt") or (gguf_file and f.name != gguf_file
+                                                                         and f.suffix == ".gguf"):
+            continue
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+        if f.suffix == ".safetensors":
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                h.update(fh.read(min(n, 1 << 24)))
+    return h.hexdigest()
+
+
+def settings_fingerprint(manifest: dict) -> str:
+    """sha256 of what makes two writers' shards parts of one store: the run settings (gen-data's
+    ``run``), the format and the target's identity. Paths give way to the content hashes when
+    those are known, since two machines may hold the same model and data under other paths."""
+    run = dict(manifest.get("run") or {})
+    target = manifest.get("target") or {}
+    if target.get("content_hash"):
+        run["model"] = "content:" + target["content_hash"]
+    if run.get("data_fingerprint"):
+        run["data"] = None
+    ident = {"format": manifest.get("format"), "version": manifest.get("version"), "run": run,
+             "target_revision": target.get("revision"), "shards_planned": manifest.get("shards_planned")}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def data_fingerprint(data: str) -> str | None:
+    """sha256 of a local data file's content (a same-size edit must not reuse old shards);
+    None for Hub datasets."""
+    p = Path(data).expanduser()
+    if p.is_file():
+        return "sha256:" + file_sha256(p)
+    return None
+
+
+# ---------------------------------------------------------------- the manifest: writer
+
+def new_manifest(*, target: dict, model_type: str | None, hidden_size: int, vocab_size: int | None,
+                 num_layers: int, layer_ids, features: str, dtype: str, chat_template_hash: str | None,
+                 max_length: int, skipped: dict, end_token_ids, source: dict, version: str, run: dict) -> dict:
+    """The fields of a manifest fixed when gen-data starts (totals are zero until shards finish;
+    :func:`aggregate` adds them). ``target`` is {id, revision, content_hash}."""
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION, "target": dict(target),
+        "model_type": model_type, "hidden_size": hidden_size, "vocab_size": vocab_size, "num_layers": num_layers,
+        "layer_ids": list(layer_ids), "features": features, "dtype": dtype, "chat_template_hash": chat_template_hash,
+        "max_length": max_length, "num_samples": 0, "num_tokens": 0, "num_masked_tokens": 0, "bytes": 0,
+        "truncated": 0, "skipped": dict(skipped), "end_token_ids": sorted(end_token_ids),
+        # The reader's own skips, kept apart from the shards' (merge-data rebuilds the totals).
+        "source": dict(source, skipped=dict(skipped)),
+        "eagle3_version": version, "run": run,
+    }
+
+
+def finished_shards(out: Path) -> dict[int, Path]:
+    """Global shard index -> its sidecar, for every finished shard (any rank wrote it)."""
+    return sidecars(Path(out) / SHARD_DIR)
+
+
+def aggregate(out: Path, base: dict, n_shards: int) -> dict:
+    """The manifest: base fields plus totals over every finished shard's sidecar."""
+    man = dict(base)
+    totals = Counter()
+    skipped = Counter(base.get("skipped") or {})
+    ends = set(base.get("end_token_ids") or [])
+    regen = Counter()
+    done = finished_shards(out)
+    for side in done.values():
+        s = json.loads(side.read_text())
+        for k in ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes"):
+            totals[k] += s[k]
+        totals["unlearned_answers"] += s.get("unlearned_answers", 0)
+        skipped.update(s["skipped"])
+        ends.update(s["end_token_ids"])
+        regen.update(s.get("regeneration") or {})
+    for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers"):
+        man[k] = totals[k]
+    man["skipped"] = dict(skipped)
+    man["end_token_ids"] = sorted(ends)
+    man["source"] = dict(man["source"], regeneration=dict(regen) if regen else None)
+    man["shards_planned"] = n_shards
+    man["shards_done"] = len(done)
+    man["complete"] = len(done) == n_shards and totals["num_samples"] > 0  # an empty store is no result
+    return man
+
+
+def write_manifest(out: Path, base: dict, n_shards: int) -> dict:
+    """Rewrite until stable: several ranks may finish shards at the same moment."""
+    out = Path(out)
+    while True:
+        before = len(finished_shards(out))
+        man = aggregate(out, base, n_shards)
+        write_json(out / MANIFEST, man)
+        if len(finished_shards(out)) == before:
+            return man
+
+
+# ---------------------------------------------------------------- the manifest: reader
+
+@dataclass(frozen=True)
+class Manifest:
+    """The manifest fields readers rely on, type-checked (docs/design.md §9); ``raw`` is the
+    whole JSON object (metadata and the model card read the rest). Absent fields are None
+    (a store written by hand may omit what it does not need)."""
+
+    raw: dict = field(repr=False)
+    format: str | None = None
+    version: int | None = None
+    target_id: str | None = None
+    target_revision: str | None = None
+    content_hash: str | None = None
+    model_type: str | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    num_layers: int | None = None
+    layer_ids: tuple[int, ...] = ()
+    features: str = "offline"
+    chat_template_hash: str | None = None
+    end_token_ids: tuple[int, ...] = ()
+    complete: bool | None = None
+    shards_planned: int = 0
+    source: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def has_features(self) -> bool:
+        return self.features == "offline"
+
+    @classmethod
+    def parse(cls, raw, where: str) -> Manifest:
+        def bad(name: str, want: str, got) -> StoreError:
+            return StoreError(f"{where}: {name} must be {want}, got {got!r}: run the same gen-data command again")
+
+        if not isinstance(raw, dict):
+            raise StoreError(f"{where} is not a JSON object: run the same gen-data command again")
+
+        def get(name: str, *types, src=raw):
+            v = src.get(name)
+            if v is not None and (not isinstance(v, types) or (bool not in types and isinstance(v, bool))):
+                raise bad(name, " or ".join(t.__name__ for t in types), v)
+            return v
+
+        target = get("target", dict) or {}
+        version = get("version", int, str)
+        try:
+            version = int(version) if version is not None else None
+        except ValueError:
+            raise bad("version", "an integer", version) from None
+        layer_ids = get("layer_ids", list) or []
+        end_ids = get("end_token_ids", list) or []
+        for name, ids in (("layer_ids", layer_ids), ("end_token_ids", end_ids)):
+            if not all(isinstance(j, int) and not isinstance(j, bool) for j in ids):
+                raise bad(name, "a list of integers", ids)
+        return cls(raw=raw, format=get("format", str), version=version,
+                   target_id=get("id", str, src=target), target_revision=get("revision", str, src=target),
+                   content_hash=get("content_hash", str, src=target), model_type=get("model_type", str),
+                   hidden_size=get("hidden_size", int), vocab_size=get("vocab_size", int),
+                   num_layers=get("num_layers", int), layer_ids=tuple(layer_ids),
+                   features=get("features", str) or "offline", chat_template_hash=get("chat_template_hash", str),
+                   end_token_ids=tuple(end_ids), complete=get("complete", bool),
+                   shards_planned=get("shards_planned", int) or 0, source=get("source", dict) or {})
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """The manifest of a store folder, type-checked; FileNotFoundError when there is none."""
+    mpath = Path(root) / MANIFEST
+    if not mpath.exists():
+        raise FileNotFoundError(f"{root} is not a feature store (no {MANIFEST}); run `eagle3 gen-data` first")
+    try:
+        raw = json.loads(mpath.read_text())
+    except ValueError as e:  # JSON or UTF-8: the manifest is rewritten by every gen-data run
+        raise StoreError(f"{mpath} is not valid JSON ({e}): run the same gen-data command again") from None
+    return Manifest.parse(raw, str(mpath))
+
+
+class FeatureStore:
+    """Random access to the samples of a store (lazy: only the requested rows are read)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.meta = read_manifest(self.root)  # typed fields; ``manifest`` is the JSON object itself
+        self.manifest = self.meta.raw
+        self.shards = store_shard_files(self.root)
+        self.verify(hash=False)  # lengths only (a stat each); problems() also compares the hashes
+        self._handles: dict[int, object] = {}
+        self._offsets: list[torch.Tensor] = []
+        starts = [0]
+        for i, p in enumerate(self.shards):
+            if not p.is_file():
+                raise StoreError(f"store {self.root}: {p.name} is missing: rerun the gen-data command to redo it")
+            off = self._open(i).get_tensor("offsets")
+            self._offsets.append(off)
+            starts.append(starts[-1] + off.numel() - 1)
+        self._starts = starts
+
+    def _open(self, i: int):
+        h = self._handles.get(i)
+        if h is None:
+            from safetensors import SafetensorError
+
+            try:
+                h = safe_open(str(self.shards[i]), framework="pt")
+            except SafetensorError as e:
+                raise StoreError(f"store {self.root}: {self.shards[i].name} is unreadable ({e}): rerun the "
+                                 "gen-data command to redo it") from None
+            self._handles[i] = h
+        return h
+
+    def problems(self, hash: bool = True) -> list[str]:
+        """Every shard that does not match its sidecar (length, sha256): see shard_problem."""
+        found = (shard_problem(p, hash) for p in sidecars(self.root / SHARD_DIR).values())
+        return [p for p in found if p]
+
+    def verify(self, hash: bool):
+        problems = self.problems(hash)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise StoreError(f"store {self.root}: {problems[0]}{more}: run the same gen-data command again to "
+                             "redo it")
+
+    def __getstate__(self):  # handles are not picklable (DataLoader workers reopen them)
+        d = dict(self.__dict__)
+        d["_handles"] = {}
+        return d
+
+    @property
+    def has_features(self) -> bool:
+        return self.meta.has_features
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def locate(self, idx: int) -> tuple[int, int]:
+        if not 0 <= idx < len(self):
+            raise IndexError(idx)
+        s = bisect_right(self._starts, idx) - 1
+        return s, idx - self._starts[s]
+
+    def lengths(self) -> list[int]:
+        return [int(x) for off in self._offsets for x in (off[1:] - off[:-1])]
+
+    def __getitem__(self, idx: int) -> dict:
+        s, j = self.locate(idx)
+        h = self._open(s)
+        a, b = int(self._offsets[s][j]), int(self._offsets[s][j + 1])
+        out = {
+            "input_ids": h.get_slice("input_ids")[a:b].long(),
+            "loss_mask": h.get_slice("loss_mask")[a:b],
+        }
+        if "aux" in h.keys():
+            out["aux"] = h.get_slice("aux")[a:b]
+            out["final"] = h.get_slice("final")[a:b]
+        return out
+
+    def _masks(self):
+        for i in range(len(self.shards)):
+            yield self._offsets[i], self._open(i).get_tensor("loss_mask")
+
+    def learned_within(self, crop: int) -> list[int]:
+        """Per sample, the loss-masked (learned) tokens among its first ``crop`` tokens."""
+        out = []
+        for off, mask in self._masks():
+            cs = torch.zeros(mask.numel() + 1, dtype=torch.long)
+            cs[1:] = mask.long().cumsum(0)
+            ends = torch.minimum(off[1:], off[:-1] + crop)
+            out += (cs[ends] - cs[off[:-1]]).tolist()
+        return out
+
+    def first_learned(self) -> list[int]:
+        """Per sample with any, the position of its first learned token."""
+        out = []
+        for off, mask in self._masks():
+            for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
+                hit = torch.nonzero(mask[a:b]).flatten()
+                if hit.numel():
+                    out.append(int(hit[0]))
+        return out
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """Frequencies of loss-masked target tokens, summed over shards: int64 [vocab_size]."""
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for i in range(len(self.shards)):
+            h = self._open(i)
+            counts.index_add_(0, h.get_tensor("count_ids"), h.get_tensor("count_values"))
+        return counts
+
+
+# ---------------------------------------------------------------- checks before a store is trusted
+
+def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
+                chat_template: str | None = None, model: str | None = None, revision: str | None = None):
+    """Refuse a store made for another target, other layers or another chat template."""
+    from .chat_mask import template_hash
+    from ..core.hf_utils import text_config
+    from ..model.layers import num_layers, parse_layer_ids
+
+    m, root = store.meta, store.root
+    if m.format != FORMAT or m.version != FORMAT_VERSION:
+        raise StoreError(f"{root} is not an eagle3 feature store of version {FORMAT_VERSION} "
+                         f"(format {m.format!r}, version {m.raw.get('version')!r})")
+    tc = text_config(target_config)
+    tid = m.target_id
+    # Multimodal wrappers (Gemma-3) report the outer or the text model_type: either matches.
+    types = {getattr(target_config, "model_type", None), getattr(tc, "model_type", None)}
+    if m.model_type is not None and m.model_type not in types:
+        raise StoreError(f"store {root} was made with another target ({tid}: model_type "
+                         f"{m.model_type}, this target has {getattr(tc, 'model_type', None)})")
+    want = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size, "num_layers": num_layers(target_config)}
+    for key, value in want.items():
+        stored = getattr(m, key)
+        if stored is not None and stored != value:
+            raise StoreError(f"store {root} was made with another target ({tid}: {key} {stored}, "
+                             f"this target has {value})")
+    if m.target_revision and revision and m.target_revision != revision:
+        raise StoreError(f"store {root} was made with revision {m.target_revision} of {tid}, --revision is {revision}")
+    if online and model:
+        # No stored features to compare against: the weight fingerprint is the identity.
+        here = content_hash(model)
+        if m.content_hash and here and m.content_hash != here:
+            raise StoreError(f"store {root} was made with another target: {model}'s weights fingerprint "
+                             f"differs from the one recorded for {tid}")
+    expect = parse_layer_ids(layers)
+    if expect is not None and tuple(expect) != m.layer_ids:
+        raise StoreError(f"store {root} holds layers {m.layer_ids}, "
+                         f"--layers asks for {tuple(expect)}: regenerate the store with those layers")
+    stored = m.chat_template_hash
+    if stored and chat_template is not None and template_hash(chat_template) != stored:
+        raise StoreError(f"store {root} was made with another chat template (sha256 {stored[:12]}..., "
+                         f"this one {template_hash(chat_template)[:12]}...): pass --chat-template with gen-data's")
+    if not online and not m.has_features:
+        raise StoreError(f"store {root} holds tokens only (features 'none'): train it with --online")
+
+
+def check_complete(store: FeatureStore, allow_incomplete: bool, say) -> None:
+    """Refuse a store whose gen-data run has not finished (unless allowed: then say what is
+    missing) and one whose shards no longer match their sidecars."""
+    m = store.meta
+    if m.complete is False:
+        planned = m.shards_planned
+        missing = sorted(set(range(planned)) - set(sidecars(store.root / SHARD_DIR)))
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        what = (f"{planned - len(missing)} of {planned} shards are done (missing: {shown})" if missing
+                else "it holds no samples")
+        if not allow_incomplete:
+            raise StoreError(f"store {store.root} is incomplete: {what}: finish it by running the same gen-data "
+                             "command again (every --shard rank), or pass --allow-incomplete to train on what is there")
+        say(f"[yellow]warning:[/] store {store.root} is incomplete ({what}); training on it (--allow-incomplete)")
+    store.verify(hash=True)  # every shard against the sha256 its sidecar recorded

@@ -1,0 +1,714 @@
+"""gen-data: chat prompts -> the target's own answers -> assistant masks -> features on disk.
+
+The pipeline, per shard of ``shard_size`` conversations (shard s is written by rank s % n):
+
+1. regenerate the answers with the target (local batched generation or an OpenAI-compatible
+   endpoint), or keep the dataset's own answers; regenerated conversations are saved as
+   ``regenerated/part-SSSSS.jsonl`` before anything else, so a crash never pays for them twice;
+2. tokenise each conversation with the target's chat template and build its assistant mask
+   (``chat_mask``); cut it at ``max_length`` (counted, never dropped silently);
+3. one target forward per conversation (micro-batched by token budget, right padding, no
+   generation) capturing ``hidden_states[j]`` for the three layer ids and ``hidden_states[N]``;
+4. write ``shards/shard-RR-SSSSS.safetensors`` atomically, then its stats sidecar
+   ``shard-RR-SSSSS.json``: a shard whose sidecar exists is finished and a rerun skips it.
+
+``manifest.json`` (fields: docs/design.md §9) is rewritten after every shard from all the
+sidecars present, so the store on disk always describes itself; ``complete`` says whether every
+planned shard is there. The settings that shape the data are recorded under ``run``; a rerun
+with different settings is refused unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+from .. import __version__
+from ..core.errors import Eagle3Error, check_out_dir
+from .chat_mask import (
+    MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash, tokenize_conversation)
+from ..core.hf_utils import eos_token_ids, text_config
+from .features import (
+    MANIFEST, SHARD_DIR, content_hash, data_fingerprint, file_sha256, finished_shards, new_manifest, shard_name,
+    shard_problem, write_json, write_manifest, write_shard)
+from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
+from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
+from .sources import Conversation, load_conversations, with_system
+
+REGEN_DIR = "regenerated"
+BYTES_PER_VALUE = 2  # bf16 / fp16 features
+
+
+class GenDataError(Eagle3Error, ValueError):
+    """A problem the user must fix; the message is one line."""
+
+
+# ---------------------------------------------------------------- small pieces
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard i/n`` -> (i, n) with 0 <= i < n."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise GenDataError(f"--shard must look like i/n (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise GenDataError(f"--shard {text}: need 0 <= i < n")
+    return i, n
+
+
+def rank_and_world(shard: str | None):
+    """(rank, world size, device or None, accelerate state or None): --shard wins, else the
+    ``accelerate launch`` environment, else a single process."""
+    parsed = parse_shard(shard)
+    if parsed:
+        return parsed[0], parsed[1], None, None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        state = PartialState()
+        return state.process_index, state.num_processes, str(state.device), state
+    return 0, 1, None, None
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def bytes_per_token(hidden: int, features: str) -> int:
+    """(3 streams + final) x hidden x 2 bytes, plus 5 bytes of id and mask."""
+    return (3 + 1) * hidden * BYTES_PER_VALUE + 5 if features == "offline" else 5
+
+
+# ---------------------------------------------------------------- samples
+
+
+def build_sample(tokenizer, conv: Conversation, max_length: int) -> tuple[dict, bool]:
+    """(sample with input_ids/loss_mask lists, truncated?) or MaskError."""
+    from .regenerate import strip_meta
+
+    tok = tokenize_conversation(tokenizer, strip_meta(conv.messages))
+    ids, mask, unlearned = exact_answer_labels(tok, conv.messages)
+    truncated = len(ids) > max_length
+    if truncated:
+        ids, mask = ids[:max_length], mask[:max_length]
+    if not any(mask):
+        raise MaskError("no assistant tokens within --max-length" if truncated else "no assistant tokens")
+    return {"sample_id": conv.id, "input_ids": ids, "loss_mask": mask, "end_ids": tok.end_ids,
+            "unlearned_answers": unlearned}, truncated
+
+
+def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
+    """Fill ``aux``/``final`` of each sample: forwards over length-sorted micro-batches.
+
+    Right padding: real tokens never attend to the pads that follow them (causal mask), so
+    each sample's features are those of its own forward.
+    """
+    import torch
+
+    from ..model.target import capture, model_device
+
+    device = model_device(model)
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i]["input_ids"]), i))
+    batches, cur = [], []
+    for i in order:
+        width = len(samples[i]["input_ids"])  # sorted: the newest sample is the widest
+        if cur and (len(cur) + 1) * width > token_budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    for batch in batches:
+        width = max(len(samples[i]["input_ids"]) for i in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, i in enumerate(batch):
+            n = len(samples[i]["input_ids"])
+            ids[r, :n] = torch.tensor(samples[i]["input_ids"])
+            attn[r, :n] = 1
+        aux, final = capture(model, ids.to(device), layer_ids, attn.to(device) if len(batch) > 1 else None)
+        for r, i in enumerate(batch):
+            n = len(samples[i]["input_ids"])
+            samples[i]["aux"] = aux[r, :n].cpu()
+            samples[i]["final"] = final[r, :n].cpu()
+
+
+# ---------------------------------------------------------------- output folder
+
+
+def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_fingerprint,
+                 regen: str | None = None) -> dict:
+    """The settings that shape the stored data: a rerun must match them to resume. ``regen``: the
+    dtype local regeneration computes in, when it is not the target's own (``regen_dtype``)."""
+    return {
+        "model": spec.model, "revision": spec.revision, "dtype": spec.dtype, "adapter": spec.adapter,
+        "load_in_8bit": spec.load_in_8bit, "load_in_4bit": spec.load_in_4bit,
+        "data": opts.data, "data_fingerprint": data_fingerprint, "format": opts.format, "split": opts.split,
+        "subset": opts.subset, "max_samples": opts.max_samples, "shuffle": opts.shuffle, "seed": opts.seed,
+        "regenerate": opts.regenerate, "max_new_tokens": opts.max_new_tokens if opts.regenerate else None,
+        "temperature": opts.temperature if opts.regenerate else None,
+        "top_p": opts.top_p if opts.regenerate else None, "system": opts.system,
+        "chat_template_hash": template_sha, "features": opts.features, "layer_ids": list(layer_ids),
+        "max_length": opts.max_length, "shard_size": opts.shard_size,
+        "feature_dtype": opts.feature_dtype if opts.features == "offline" else None,
+        # Only when not the default, so that stores written before the option still resume.
+        **({"capture_engine": opts.engine} if opts.engine != "hf" else {}),
+        **({"regen_dtype": regen} if regen else {}),
+    }
+
+
+def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: int = 1):
+    """Start, resume or (with overwrite) replace a store; refuse to mix different runs."""
+    mpath = out / MANIFEST
+    existing = [p for p in out.iterdir()] if out.is_dir() else []
+    if existing and not overwrite:
+        if not mpath.exists():
+            raise GenDataError(f"--out {out} is not empty and holds no gen-data manifest: choose another --out "
+                               "or pass --overwrite")
+        old = json.loads(mpath.read_text()).get("run") or {}
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if diff:
+            raise GenDataError(f"--out {out} holds a run with different settings ({', '.join(diff)}): pass "
+                               "--overwrite to replace it, or choose another --out")
+        if world == 1:  # half-written files of a killed run (never of a live rank: single process only)
+            for d in (out, out / SHARD_DIR, out / REGEN_DIR):
+                for p in d.glob(".*.tmp-*") if d.is_dir() else []:
+                    p.unlink()
+        return "resume"
+    if existing and overwrite:
+        # Only what gen-data writes, and for a multi-rank run only this rank's own shards.
+        pattern = "shard-*" if world == 1 else f"shard-{rank:02d}-*"
+        for p in (out / SHARD_DIR).glob(pattern) if (out / SHARD_DIR).is_dir() else []:
+            p.unlink()
+        if rank == 0:
+            shutil.rmtree(out / REGEN_DIR, ignore_errors=True)
+            if mpath.exists():
+                mpath.unlink()
+        return "overwrite"
+    out.mkdir(parents=True, exist_ok=True)
+    return "new"
+
+
+# ---------------------------------------------------------------- regeneration per shard
+
+
+def _read_regenerated(path: Path) -> tuple[list[Conversation | None], dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    stats = json.loads(path.with_suffix(".stats.json").read_text())
+    return [None if "rejected" in r else Conversation(r["id"], r["messages"]) for r in rows], stats
+
+
+def _write_regenerated(path: Path, convs: list[Conversation], results: list, stats: dict):
+    from .features import atomic_write_bytes
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path.with_suffix(".stats.json"), stats)  # first: a .jsonl that exists has its stats
+    lines = []
+    for c, msgs in zip(convs, results):
+        row = {"id": c.id, "messages": msgs}
+        if msgs is None:
+            row["rejected"] = stats.get("rejected", {}).get(str(c.id), "rejected")
+        lines.append(json.dumps(row, ensure_ascii=False))
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Pipeline:
+    """Holds what every shard needs; ``run()`` is the entry point."""
+
+    def __init__(self, opts: GenDataOptions, spec, console):
+        self.opts, self.spec, self.console = opts, spec, console
+        self.model = None
+        self.endpoint = None
+        self.vllm = None  # vllm_engine.VllmCapture with --engine vllm
+
+    # -- setup
+
+    def load_tokenizer(self):
+        from ..model.target import load_tokenizer
+
+        tpl = None
+        if self.opts.chat_template:
+            p = Path(self.opts.chat_template).expanduser()
+            if not p.is_file():
+                raise GenDataError(f"--chat-template {p}: no such file")
+            tpl = p.read_text(encoding="utf-8")
+        tok = load_tokenizer(self.spec, chat_template=tpl)
+        try:
+            template = chat_template(tok)
+        except ValueError as e:
+            raise GenDataError(str(e)) from None
+        check_template_syntax(tok, self.opts.chat_template or f"the chat template of {self.spec.model}")
+        return tok, template
+
+    def setup(self):
+        from ..model.layers import choose_layers
+        from ..model.target import load_config
+
+        o = self.opts
+        if o.features not in ("offline", "none"):
+            raise GenDataError(f"--features must be offline or none, got {o.features!r}")
+        if o.feature_dtype not in ("bfloat16", "float16"):
+            raise GenDataError(f"--feature-dtype must be bfloat16 or float16, got {o.feature_dtype!r}")
+        if o.shard_size < 1 or o.max_length < 2:
+            raise GenDataError("--shard-size must be >= 1 and --max-length >= 2")
+        if o.endpoint and not o.regenerate:
+            raise GenDataError("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
+        check_generation_options(o)
+        check_engine_options(o, self.spec)
+        if not o.dry_run:
+            check_out_dir(o.out, "--out")
+        self.rank, self.world, device, self.state = rank_and_world(o.shard)
+        if device and not self.spec.device:
+            self.spec.device = device
+        self.config = load_config(self.spec)
+        tc = text_config(self.config)
+        try:
+            self.layers = choose_layers(self.config, o.layers)
+        except ValueError as e:
+            raise GenDataError(str(e)) from None
+        self.hidden = int(tc.hidden_size)
+        self.tokenizer, self.template = self.load_tokenizer()
+        self.template_sha = template_hash(self.template)
+        self.end_ids = end_of_turn_ids(self.tokenizer)
+        self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None))
+        self.regen_dtype, self.regen_recorded = self.resolve_regen_dtype()
+
+    def resolve_regen_dtype(self) -> tuple[str | None, str | None]:
+        """(the dtype local regeneration computes in, None without local regeneration; the same
+        when it differs from the target's compute dtype, else None: what run settings record),
+        checked before any weights are loaded."""
+        from .regenerate import regen_dtype
+        from ..model.target import DTYPES, default_device, resolve_dtype
+
+        o = self.opts
+        if not o.regenerate or o.endpoint:
+            if o.regen_dtype != "auto":
+                raise GenDataError("--regen-dtype sets how the local target regenerates; it does nothing with "
+                                   + ("--endpoint" if o.endpoint else "--no-regenerate"))
+            return None, None
+        device = self.spec.device or default_device()
+        own = resolve_dtype(self.spec.dtype, device)
+        try:
+            name = regen_dtype(o.regen_dtype, self.config, device, own,
+                               quantized=self.spec.load_in_8bit or self.spec.load_in_4bit)
+        except ValueError as e:
+            raise GenDataError(str(e)) from None
+        return name, (None if DTYPES[name] == own else name)
+
+    def load_data(self):
+        from .sources import SourceError
+
+        o = self.opts
+        try:
+            convs, report = load_conversations(o.data, fmt=o.format, split=o.split, subset=o.subset,
+                                               streaming=o.streaming, max_samples=o.max_samples, shuffle=o.shuffle,
+                                               seed=o.seed, need_answers=not o.regenerate, strict=o.strict)
+        except SourceError as e:
+            raise GenDataError(str(e)) from None
+        if o.system is not None:
+            convs = with_system(convs, o.system)
+        self.convs, self.report = convs, report
+        self.console.print(f"data: {report.summary()}", highlight=False)
+
+    def estimate(self) -> tuple[int, int]:
+        """(tokens, bytes) expected, from up to 500 conversations extrapolated. With
+        regeneration each answer counts as its source answer, or max_new_tokens when absent."""
+        o, tok = self.opts, self.tokenizer
+        sample = self.convs[:: max(1, len(self.convs) // 500)][:500]
+        total = 0
+        for c in sample:
+            n = 0
+            for m in c.messages:
+                k = len(tok(m["content"], add_special_tokens=False)["input_ids"]) + 8  # + template headers
+                if m["role"] == "assistant" and o.regenerate:
+                    k = min(k, o.max_new_tokens + 8)
+                n += k
+            if o.regenerate:
+                n += (o.max_new_tokens + 8) * (sum(m["role"] == "user" for m in c.messages)
+                                               - sum(m["role"] == "assistant" for m in c.messages))
+            total += min(n, o.max_length)
+        tokens = int(total * len(self.convs) / max(1, len(sample)))
+        return tokens, tokens * bytes_per_token(self.hidden, o.features)
+
+    def base_manifest(self, settings: dict) -> dict:
+        """The manifest's fixed fields (features.new_manifest; totals come from the sidecars)."""
+        o = self.opts
+        return new_manifest(
+            target={"id": self.spec.model, "revision": self.spec.revision,
+                    "content_hash": content_hash(self.spec.model, self.spec.gguf_file)},
+            model_type=getattr(self.config, "model_type", None), hidden_size=self.hidden,
+            vocab_size=getattr(text_config(self.config), "vocab_size", None), num_layers=self.layers.n_layers,
+            layer_ids=self.layers.ids, features=o.features, dtype=o.feature_dtype,
+            chat_template_hash=self.template_sha, max_length=o.max_length, skipped=self.report.skipped,
+            end_token_ids=self.end_ids,
+            source={"data": o.data, "format": self.report.format, "split": o.split, "subset": o.subset,
+                    "rows_read": self.report.rows, "conversations": len(self.convs),
+                    "regenerated": o.regenerate, "endpoint": o.endpoint,
+                    "generation": {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature,
+                                   "top_p": o.top_p, "system": o.system, "dtype": self.regen_dtype}
+                    if o.regenerate else None,
+                    "seed": o.seed, "shuffle": o.shuffle, "max_samples": o.max_samples},
+            version=__version__, run=settings)
+
+    def show_masks(self, convs: list[Conversation], n: int):
+        from rich.rule import Rule
+
+        shown = 0
+        for c in convs:
+            if shown >= n:
+                break
+            try:
+                s, _ = build_sample(self.tokenizer, c, self.opts.max_length)
+            except MaskError as e:
+                self.console.print(f"[yellow]sample {c.id}: {e}[/]")
+                continue
+            self.console.print(Rule(f"sample {c.id}: {sum(s['loss_mask'])} of {len(s['input_ids'])} tokens "
+                                    "learned (highlighted)"))
+            self.console.print(highlight(self.tokenizer, s["input_ids"], s["loss_mask"]))
+            shown += 1
+
+    def preflight(self):
+        """Refuse a run that cannot store a single sample, before the model is loaded: every
+        conversation checked is cut away by --max-length or refused by the template."""
+        o = self.opts
+        sample = self.convs[:: max(1, len(self.convs) // 200)][:200]
+        reasons = Counter(why_unusable(self.tokenizer, c, o) for c in sample)
+        if None in reasons:
+            return
+        raise GenDataError(f"no conversation would give a training sample ({len(sample)} checked: "
+                           + ", ".join(f"{r}: {n}" for r, n in reasons.most_common()) + f"): {fix_for(reasons, o)}")
+
+    def check_disk(self, nbytes: int, todo: int, n_shards: int):
+        """Refuse when the estimate for the shards still to do clearly exceeds the free space."""
+        free = shutil.disk_usage(existing_parent(self.out)).free
+        need = int(nbytes * todo / max(1, n_shards))
+        self.console.print(f"free space: {human_bytes(free)}", highlight=False)
+        if need > free and not self.opts.skip_disk_check:
+            raise GenDataError(f"not enough disk space: the remaining shards need ~{human_bytes(need)}, "
+                               f"{human_bytes(free)} is free at {self.out}: free space, choose another --out or "
+                               "lower --max-samples (--skip-disk-check if the estimate is too high)")
+
+    def verify_done(self, done: dict[int, Path], mine: list[int]) -> dict[int, Path]:
+        """Finished shards of this rank that match their sidecar; the others are deleted and redone."""
+        for s in [s for s in mine if s in done]:
+            problem = shard_problem(done[s])
+            if problem:
+                self.console.print(f"[yellow]shard {s}: {problem}: redoing it[/]", highlight=False)
+                shard = done[s].with_suffix(".safetensors")
+                done.pop(s).unlink()  # the sidecar first: a shard without one is unfinished
+                shard.unlink(missing_ok=True)
+        return done
+
+    def start_vllm(self, base: dict):
+        from ..engines.vllm_engine import VllmCapture, VllmEngineError, find_vllm_python
+
+        o = self.opts
+        try:
+            python = find_vllm_python(o.vllm_python)
+            cfg = {"model": str(Path(self.spec.model).expanduser()), "layer_ids": list(self.layers.ids),
+                   "num_layers": self.layers.n_layers, "max_length": o.max_length, "feature_dtype": o.feature_dtype,
+                   "dtype": self.spec.dtype, "tensor_parallel_size": o.tensor_parallel_size,
+                   "pipeline_parallel_size": o.pipeline_parallel_size, "kv_cache_gib": o.vllm_kv_cache_gib,
+                   "extra": o.vllm_args or {}}
+            self.console.print(f"starting vLLM ({python}) to capture features ...", highlight=False)
+            self.vllm = VllmCapture(python, cfg)
+            info = self.vllm.start()
+        except VllmEngineError as e:
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
+            raise GenDataError(str(e)) from None
+        self.console.print(f"vLLM {info.get('vllm_version')} ready in {info.get('startup_s')} s "
+                           f"(dtype {info.get('dtype')})", highlight=False)
+        base["capture"] = {"engine": "vllm", "vllm_version": info.get("vllm_version"), "dtype": info.get("dtype"),
+                           "tensor_parallel_size": o.tensor_parallel_size,
+                           "pipeline_parallel_size": o.pipeline_parallel_size}
+
+    # -- per shard
+
+    def regenerate(self, index: int, convs: list[Conversation], status) -> tuple[list[Conversation | None], dict]:
+        from .regenerate import GenSettings, regenerate_endpoint, regenerate_local
+
+        o = self.opts
+        path = self.out / REGEN_DIR / f"part-{index:05d}.jsonl"
+        if path.exists():
+            return _read_regenerated(path)
+        settings = GenSettings(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
+                               batch_size=o.batch_size, max_length=o.max_length, dtype=self.regen_dtype)
+        msgs = [c.messages for c in convs]
+        if self.endpoint is not None:
+            results, stats = regenerate_endpoint(self.endpoint, msgs, settings)
+        else:
+            results, stats = regenerate_local(self.model, self.tokenizer, msgs, settings, self.stop_ids,
+                                              on_batch=lambda s: status(f"shard {index}: generating {s}"),
+                                              seed=o.seed * 1_000_003 + index)  # reproducible per shard
+        stats_d = {"answers": stats.answers, "cut": stats.cut, "dropped_turns": stats.dropped_turns,
+                   "generated_tokens": stats.generated_tokens,
+                   "rejected": {str(convs[i].id): r for i, r in stats.rejected.items()}}
+        _write_regenerated(path, convs, results, stats_d)
+        return [Conversation(c.id, m) if m is not None else None for c, m in zip(convs, results)], stats_d
+
+    def process_shard(self, index: int, convs: list[Conversation], status) -> dict:
+        import torch
+
+        o = self.opts
+        skipped = Counter()
+        regen_stats = None
+        if o.regenerate:
+            regen, regen_stats = self.regenerate(index, convs, status)
+            skipped["endpoint rejected the conversation"] += sum(r is None for r in regen)
+            convs = [r for r in regen if r is not None]
+        samples, truncated, unlearned, ends = [], 0, 0, set()
+        for c in convs:
+            if o.regenerate and not any(m["role"] == "assistant" for m in c.messages):
+                skipped["first prompt reaches --max-length"] += 1
+                continue
+            try:
+                s, cut = build_sample(self.tokenizer, c, o.max_length)
+            except MaskError as e:
+                skipped[str(e)] += 1
+                continue
+            truncated += cut
+            unlearned += s.pop("unlearned_answers")
+            ends |= s.pop("end_ids")
+            samples.append(s)
+        if self.pending_show:
+            self.show_masks(convs, self.pending_show)
+            self.pending_show = 0
+        if samples and o.features == "offline":
+            status(f"shard {index}: capturing features" + (" (vLLM)" if self.vllm is not None else ""))
+            if self.vllm is not None:
+                self.vllm.capture(samples)
+            else:
+                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens)
+        name = shard_name(self.rank, index)
+        path = self.out / SHARD_DIR / name
+        if samples:
+            for s in samples:
+                s["input_ids"] = torch.tensor(s["input_ids"], dtype=torch.int32)
+                s["loss_mask"] = torch.tensor(s["loss_mask"], dtype=torch.bool)
+            dtype = getattr(torch, o.feature_dtype)
+            write_shard(path, samples, dtype=dtype)
+        stats = {
+            "shard": index, "rank": self.rank, "file": name if samples else None,
+            "num_samples": len(samples), "num_tokens": sum(int(s["input_ids"].numel()) for s in samples),
+            "num_masked_tokens": sum(int(s["loss_mask"].sum()) for s in samples), "truncated": truncated,
+            "bytes": path.stat().st_size if samples else 0, "skipped": {k: v for k, v in skipped.items() if v},
+            "sha256": file_sha256(path) if samples else None,  # resume and train verify the file against it
+            "end_token_ids": sorted(ends), "unlearned_answers": unlearned, "regeneration": {k: v for k, v in (regen_stats or {}).items()
+                                                             if k != "rejected"} or None,
+        }
+        (self.out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+        write_json(path.with_suffix(".json"), stats)  # last: its existence marks the shard finished
+        return stats
+
+    # -- driver
+
+    def run(self) -> dict | None:
+        o, console = self.opts, self.console
+        self.setup()
+        self.load_data()
+        tokens, nbytes = self.estimate()
+        per_tok = bytes_per_token(self.hidden, o.features)
+        console.print(f"disk estimate: ~{tokens:,} tokens x {per_tok:,} B/token "
+                      f"({'(3+1) x %d x 2 + ids/mask' % self.hidden if o.features == 'offline' else 'ids + mask'})"
+                      f" = ~{human_bytes(nbytes)}", highlight=False)
+        if o.dry_run:
+            if o.show_mask:
+                if o.regenerate:
+                    console.print("(dry run: masks shown on the dataset's own answers; the run regenerates them)")
+                self.show_masks([c for c in self.convs if any(m["role"] == "assistant" for m in c.messages)],
+                                o.show_mask)
+            console.print(f"dry run: {len(self.convs)} conversations, "
+                          f"{-(-len(self.convs) // o.shard_size)} shards of up to {o.shard_size}; nothing written")
+            return None
+        self.preflight()
+        self.out = Path(o.out)
+        settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data),
+                                regen=self.regen_recorded)
+        mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
+        base = self.base_manifest(settings)
+        n_shards = -(-len(self.convs) // o.shard_size)
+        mine = [s for s in range(n_shards) if s % self.world == self.rank]
+        done = self.verify_done(finished_shards(self.out), mine)
+        todo = [s for s in mine if s not in done]
+        if mode == "resume":
+            console.print(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards of this rank already done")
+        self.check_disk(nbytes, len(todo), n_shards)
+        need_model = (o.features == "offline" and o.engine == "hf") or (o.regenerate and not o.endpoint)
+        if todo and need_model:
+            from ..model.target import load_target
+
+            regen = f" (regenerating in {self.regen_dtype})" if self.regen_dtype else ""
+            console.print(f"loading target {self.spec.model}{regen} ...")
+            self.model = load_target(self.spec)
+        if todo and o.endpoint:
+            from .regenerate import Endpoint, EndpointError
+
+            self.endpoint = Endpoint(o.endpoint, model=o.endpoint_model, api_key=o.api_key,
+                                     concurrency=o.concurrency)
+            try:
+                console.print(f"endpoint {self.endpoint.base}: model {self.endpoint.resolve_model()}")
+            except EndpointError as e:
+                raise GenDataError(str(e)) from None
+        self.pending_show = o.show_mask
+        try:
+            if todo and o.engine == "vllm":
+                self.start_vllm(base)
+            write_manifest(self.out, base, n_shards)
+            self._loop(todo, len(mine), done, base, n_shards)
+        finally:
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
+        if self.state is not None:
+            self.state.wait_for_everyone()
+        man = write_manifest(self.out, base, n_shards)
+        if man["shards_done"] == n_shards and not man["num_samples"]:
+            raise GenDataError(f"no samples stored in {self.out} (skipped: "
+                               + ", ".join(f"{r}: {n}" for r, n in Counter(man["skipped"]).most_common())
+                               + f"); the store is not marked complete: {fix_for(Counter(man['skipped']), o)}")
+        return man
+
+    def _loop(self, todo: list[int], n_mine: int, done: dict, base: dict, n_shards: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        from .regenerate import EndpointError
+        from ..engines.vllm_engine import VllmEngineError
+
+        o = self.opts
+        size = o.shard_size
+        total = sum(len(self.convs[s * size:(s + 1) * size]) for s in range(n_shards) if s % self.world == self.rank)
+        already = total - sum(len(self.convs[s * size:(s + 1) * size]) for s in todo)
+        rate = {"conv": 0, "tok": 0, "t0": time.perf_counter()}
+
+        def rates(_task=None):
+            dt = max(1e-9, time.perf_counter() - rate["t0"])
+            return f"{rate['conv'] / dt:.2f} conv/s  {rate['tok'] / dt:,.0f} tok/s"
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rates]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=self.console, transient=False) as progress:
+            task = progress.add_task("gen-data", total=total, completed=already, rates="")
+
+            def status(text: str):
+                progress.update(task, description=text, rates=rates())
+
+            for s in todo:
+                convs = self.convs[s * size:(s + 1) * size]
+                try:
+                    stats = self.process_shard(s, convs, status)
+                except (EndpointError, VllmEngineError) as e:
+                    raise GenDataError(f"{e} (finished shards are kept; rerun the same command to resume)") from None
+                rate["conv"] += len(convs)
+                rate["tok"] += stats["num_tokens"]
+                progress.update(task, advance=len(convs), description=f"shard {s} done", rates=rates())
+                if not self.console.is_terminal:  # logs get a line per shard (no live bar there)
+                    self.console.print(f"shard {s}: {stats['num_samples']} samples, {stats['num_tokens']:,} tokens"
+                                       f"; {rates()}", highlight=False)
+                write_manifest(self.out, base, n_shards)
+        self.throughput = dict(rate, seconds=time.perf_counter() - rate["t0"])
+
+
+def check_generation_options(o: GenDataOptions):
+    """Generation settings that would fail (or loop) only after the model is loaded."""
+    for name in ("batch_size", "max_new_tokens", "concurrency", "capture_tokens"):
+        if getattr(o, name) < 1:
+            raise GenDataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
+    if not (0 <= o.temperature < float("inf")):  # "not": NaN fails every comparison
+        raise GenDataError(f"--temperature must be 0 (greedy) or positive, got {o.temperature}")
+    if not 0 < o.top_p <= 1:
+        raise GenDataError(f"--top-p must lie in (0, 1], got {o.top_p}")
+
+
+def check_engine_options(o: GenDataOptions, spec):
+    """--engine vllm: what it can do (capture features of a local, unquantised, unadapted target)."""
+    if o.engine not in ("hf", "vllm"):
+        raise GenDataError(f"--engine must be hf or vllm, got {o.engine!r}")
+    if o.engine == "hf":
+        # (--vllm-python is not refused here: $EAGLE3_VLLM_PYTHON may be set for every run)
+        if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args:
+            raise GenDataError("--tensor-parallel-size, --pipeline-parallel-size and --vllm-args are options of "
+                               "--engine vllm")
+        return
+    if o.features != "offline":
+        raise GenDataError("--engine vllm captures features: --features none stores tokens only and needs no engine")
+    if o.regenerate and not o.endpoint:
+        raise GenDataError("--engine vllm captures features; regenerate through --endpoint (e.g. `vllm serve` of the "
+                           "same target) or keep the dataset's answers with --no-regenerate")
+    if spec.load_in_8bit or spec.load_in_4bit or spec.adapter or spec.gguf_file:
+        raise GenDataError("--engine vllm serves the plain target: no --load-in-8bit/4bit, --adapter or GGUF "
+                           "(use --engine hf)")
+    if not Path(spec.model).expanduser().is_dir():
+        raise GenDataError(f"--engine vllm needs the target as a local folder (got {spec.model}); download it first")
+    if o.tensor_parallel_size < 1 or o.pipeline_parallel_size < 1:
+        raise GenDataError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
+
+
+def check_template_syntax(tokenizer, name: str):
+    """A chat template with a Jinja syntax error would refuse every conversation: one line now."""
+    from jinja2 import TemplateSyntaxError
+
+    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    try:
+        tokenizer.apply_chat_template(probe, tokenize=False)
+    except TemplateSyntaxError as e:
+        raise GenDataError(f"{name}: Jinja syntax error on line {e.lineno}: {e.message}") from None
+    except Exception:  # noqa: BLE001 - a template may refuse this probe on purpose; rows report it
+        pass
+
+
+def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions) -> str | None:
+    """Why a conversation cannot give a sample (None when it can), as process_shard counts it."""
+    from .chat_mask import render
+
+    try:
+        if o.regenerate:  # the answers are generated: the first prompt must leave room for one
+            first = conv.messages[:2] if conv.messages[0]["role"] == "system" else conv.messages[:1]
+            text = render(tokenizer, first, add_generation_prompt=True)
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return "first prompt reaches --max-length" if n >= o.max_length else None
+        build_sample(tokenizer, conv, o.max_length)
+    except MaskError as e:
+        return str(e)
+    return None
+
+
+def fix_for(reasons: Counter, o: GenDataOptions) -> str:
+    top = reasons.most_common(1)[0][0] if reasons else ""
+    if "--max-length" in (top or ""):
+        return f"raise --max-length (now {o.max_length})"
+    if "template" in (top or ""):
+        return "fix the chat template (or pass a working --chat-template)"
+    return "check the data with --dry-run --show-mask 3"
+
+
+def existing_parent(path: Path) -> Path:
+    p = Path(path).expanduser().absolute()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def run(opts: GenDataOptions, spec, console=None) -> dict | None:
+    """Run gen-data from Python; returns the manifest (None for a dry run)."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    return Pipeline(opts, spec, console).run()

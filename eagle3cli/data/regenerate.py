@@ -1,0 +1,444 @@
+"""The target answers the prompts itself: its own distribution is what the draft must predict.
+
+Each conversation keeps its system prompt (or the one given with ``--system``) and its user
+turns; the dataset's answers are dropped. The target answers the user turns in order, and
+each answer becomes context for the next turn, exactly as in a real chat.
+
+Two engines:
+
+- local: continuous batching on the fast path's decoder (``batch_decode``) for the targets it
+  supports, else batched Hugging Face generation (left padding; conversations answer turn 1
+  together, then turn 2, ...), greedy or sampled with temperature/top-p. On a CPU with native
+  bf16 matmuls (AVX512-BF16, AMX), continuous batching computes in bfloat16 by default (``regen_dtype``).
+- ``--endpoint URL``: any OpenAI-compatible server (vLLM, SGLang, ...) serving the target,
+  many conversations in flight at once, with retries. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .chat_mask import render
+from ..core.errors import Eagle3Error
+
+
+@dataclass
+class GenSettings:
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    batch_size: int = 16
+    max_length: int | None = None  # stop answering once the prompt alone reaches this many tokens
+    dtype: str | None = None  # what local generation computes in (regen_dtype); None: the model's own
+
+
+def has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16, which every AMX-BF16 CPU also has):
+    oneDNN then runs torch's bf16 matmuls in hardware instead of converting to fp32."""
+    from ..decode.fast_target import cpu_has
+
+    return cpu_has("avx512_bf16")
+
+
+def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = False) -> str:
+    """The dtype local regeneration computes in, from ``--regen-dtype`` (a dtype name or auto).
+
+    auto: bfloat16 for an fp32 target on a CPU with native bf16 matmuls when continuous batching
+    applies. There a batch of 32 regenerates 1.3x faster in bf16 on Intel's AMX tiles and 1.8x on
+    AMD EPYC's AVX512-BF16 (and the KV cache read each step is half the bytes; docs/benchmarks.md);
+    the answers are still the target's own, as a bf16 serving engine would write them (98% of
+    tokens agree teacher-forced). Else the target's own dtype.
+    Features are captured at the target's dtype either way.
+    """
+    from ..decode.fast_target import config_unsupported_reason
+    from ..model.target import DTYPES
+
+    own = next(k for k, v in DTYPES.items() if v == target_dtype)
+    why_not = "quantized weights" if quantized else config_unsupported_reason(config)
+    if name == "auto":
+        cpu_bf16 = device.startswith("cpu") and own == "float32" and has_bf16_matmul()
+        return "bfloat16" if cpu_bf16 and why_not is None else own
+    if name not in DTYPES:
+        raise ValueError(f"--regen-dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+    if name != own and why_not is not None:
+        raise ValueError(f"--regen-dtype {name} needs continuous batching, which this target cannot take "
+                         f"({why_not}); leave --regen-dtype auto to generate in {own}")
+    return name
+
+
+@dataclass
+class RegenStats:
+    answers: int = 0
+    cut: int = 0  # answers that hit --max-new-tokens before ending their turn
+    dropped_turns: int = 0  # user turns not answered because the prompt reached --max-length
+    generated_tokens: int = 0
+    rejected: dict = field(default_factory=dict)  # conversation index -> server's reason (endpoint 4xx)
+
+    def add(self, other: "RegenStats"):
+        self.answers += other.answers
+        self.cut += other.cut
+        self.dropped_turns += other.dropped_turns
+        self.generated_tokens += other.generated_tokens
+        self.rejected.update(other.rejected)
+
+
+def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """(system messages, user turns in order): what regeneration keeps of a conversation."""
+    system = [m for m in messages if m["role"] == "system"][:1]
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    return system, users
+
+
+# ---------------------------------------------------------------- local HF generation
+
+
+def _next_tokens(logits, settings: GenSettings, gen):
+    """Greedy argmax, or a draw from the temperature/top-p distribution (as HF applies them)."""
+    import torch
+
+    if settings.temperature <= 0:
+        return logits.argmax(-1)
+    from ..decode.generator import target_probs
+
+    probs = target_probs(logits, settings.temperature, 0, settings.top_p)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
+def left_padded(prompts: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask) [B, longest]: every prompt ends at the last column."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        attn[r, width - len(p):] = 1
+    return ids, attn
+
+
+def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_ids: set[int],
+                   pad_id: int, gen=None) -> list[tuple[list[int], bool]]:
+    """Continue every prompt; per prompt (generated ids incl. the stop token, ended?).
+
+    One left-padded prefill, then one token per row per step. A row that ends (stop token or
+    max_new_tokens) leaves the batch at once: its cache rows are dropped, so the steps after
+    it cost only the rows still generating (``generate`` would keep computing it to the end).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from ..model.target import model_device
+
+    device = model_device(model)
+    ids, attn = left_padded(prompts, pad_id)
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+                logits_to_keep=1)
+    alive = list(range(len(prompts)))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ended = [False] * len(prompts)
+    nxt_pos = pos[:, -1]
+    while True:
+        new = _next_tokens(out.logits[:, -1].float(), settings, gen)
+        keep = []
+        for r, (i, t) in enumerate(zip(alive, new.tolist())):
+            tokens[i].append(t)
+            ended[i] = t in stop_ids
+            if not ended[i] and len(tokens[i]) < settings.max_new_tokens:
+                keep.append(r)
+        if not keep:
+            return [(t, e) for t, e in zip(tokens, ended)]
+        if len(keep) < len(alive):
+            sel = torch.tensor(keep, device=device)
+            cache.batch_select_indices(sel)
+            attn, new, nxt_pos = attn[sel], new[sel], nxt_pos[sel]
+            alive = [alive[r] for r in keep]
+        attn = torch.cat([attn, attn.new_ones(len(alive), 1)], dim=1)
+        nxt_pos = nxt_pos + 1
+        out = model(input_ids=new[:, None], attention_mask=attn, position_ids=nxt_pos[:, None], cache=cache,
+                    use_cache=True)
+
+
+def answer_message(tokenizer, ids: list[int], ended: bool) -> dict:
+    """The assistant message of one generated answer, with the exact ids the target emitted.
+
+    ``token_ids`` (stop token included when the turn ended) is what the sample learns
+    (chat_mask.exact_answer_labels); ``content`` is the text the next turn sees as context,
+    decoded without stripping so that it re-encodes to the same ids wherever it can.
+    """
+    content = ids[:-1] if ended else ids
+    msg = {"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=False),
+           "token_ids": list(ids)}
+    if not ended:
+        msg["finished"] = False
+    return msg
+
+
+def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings: GenSettings,
+                     stop_ids: set[int], on_batch: Callable[[str], None] | None = None,
+                     template_kwargs: dict | None = None, seed: int | None = None,
+                     continuous: bool = True) -> tuple[list[list[dict]], RegenStats]:
+    """Answer every user turn of every conversation with the local target.
+
+    Targets the fast path supports (``fast_target``) run with continuous batching
+    (``batch_decode``): ``batch_size`` conversations in flight, a finished one replaced at
+    once. Others, or ``continuous=False``, run static batches turn by turn (``generate_batch``).
+    An answer cut by max_new_tokens ends its conversation: a later user turn would follow a
+    reply the target never finished (the turns left are counted as dropped).
+    """
+    import torch
+
+    from ..decode.fast_target import unsupported_reason
+    from ..model.target import model_device
+
+    if settings.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {settings.batch_size}")
+    template_kwargs = template_kwargs or {}
+    gen = torch.Generator(device=model_device(model))
+    gen.manual_seed(0 if seed is None else seed)
+    if continuous and unsupported_reason(model) is None:
+        return _regenerate_continuous(model, tokenizer, conversations, settings, stop_ids, on_batch,
+                                      template_kwargs, gen)
+    if settings.dtype is not None and getattr(torch, settings.dtype) != next(model.parameters()).dtype:
+        raise ValueError(f"generating in {settings.dtype} needs continuous batching, which this target "
+                         f"cannot take ({unsupported_reason(model) or 'continuous=False'})")
+    stats = RegenStats()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+    state = []  # per conversation: (context so far, remaining user turns, still open?)
+    for msgs in conversations:
+        system, users = prompt_turns(msgs)
+        state.append([list(system), list(users), True])
+    turn = 0
+    while True:
+        active = [i for i, (_, users, open_) in enumerate(state) if open_ and len(users) > turn]
+        if not active:
+            break
+        prompts = {}
+        for i in active:
+            ctx, users, _ = state[i]
+            ctx.append({"role": "user", "content": users[turn]})
+            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if settings.max_length and len(ids) >= settings.max_length:
+                stats.dropped_turns += len(users) - turn
+                state[i][2] = False
+                continue
+            prompts[i] = ids
+        # Similar lengths together: less padding; the order is deterministic, so resumed
+        # shards batch exactly as uninterrupted ones.
+        order = sorted(prompts, key=lambda i: (len(prompts[i]), i))
+        for b in range(0, len(order), settings.batch_size):
+            batch = order[b:b + settings.batch_size]
+            if on_batch:
+                on_batch(f"turn {turn + 1}, batch {b // settings.batch_size + 1}/"
+                         f"{-(-len(order) // settings.batch_size)}")
+            with torch.no_grad():
+                outs = generate_batch(model, [prompts[i] for i in batch], settings, stop_ids, pad_id, gen)
+            for i, (new, ended) in zip(batch, outs):
+                stats.answers += 1
+                stats.generated_tokens += len(new)
+                state[i][0].append(answer_message(tokenizer, new, ended))
+                if not ended:
+                    stats.cut += 1
+                    stats.dropped_turns += len(state[i][1]) - turn - 1
+                    state[i][2] = False
+        turn += 1
+    return [answered(ctx) for ctx, _, _ in state], stats
+
+
+def _regenerate_continuous(model, tokenizer, conversations, settings: GenSettings, stop_ids, on_batch,
+                           template_kwargs, gen) -> tuple[list[list[dict]], RegenStats]:
+    """regenerate_local on ``batch_decode``: each conversation answers its turns in one slot."""
+    from ..decode.batch_decode import ContinuousBatcher, SlotTarget
+
+    stats = RegenStats()
+    convs = []  # per conversation: [context so far, user turns, next turn, still open?]
+    for msgs in conversations:
+        system, users = prompt_turns(msgs)
+        convs.append([list(system), users, 0, True])
+
+    def prompt_ids(ctx):
+        text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def next_prompt(i):
+        ctx, users, turn, open_ = convs[i]
+        if not open_ or turn >= len(users):
+            return None
+        ctx.append({"role": "user", "content": users[turn]})
+        ids = prompt_ids(ctx)
+        if settings.max_length and len(ids) >= settings.max_length:
+            stats.dropped_turns += len(users) - turn
+            convs[i][3] = False
+            return None
+        return ids
+
+    def on_answer(i, ids, ended):
+        ctx, users, turn, _ = convs[i]
+        stats.answers += 1
+        stats.generated_tokens += len(ids)
+        ctx.append(answer_message(tokenizer, ids, ended))
+        convs[i][2] = turn + 1
+        if not ended:
+            stats.cut += 1
+            stats.dropped_turns += len(users) - turn - 1
+            convs[i][3] = False
+
+    # Similar first-prompt lengths in flight together: shorter attention spans per step.
+    # The order is deterministic, so resumed shards run exactly as uninterrupted ones.
+    first = {}
+    for i, (ctx, users, _, _) in enumerate(convs):
+        first[i] = len(prompt_ids(ctx + [{"role": "user", "content": users[0]}])) if users else 0
+    order = sorted(first, key=lambda i: (first[i], i))
+    span = min(max(first.values(), default=1), settings.max_length or 1 << 30) + settings.max_new_tokens
+    import torch
+
+    dtype = getattr(torch, settings.dtype) if settings.dtype else None
+    target = SlotTarget(model, max(1, min(settings.batch_size, len(order))), span, dtype=dtype)
+    pick = lambda logits: _next_tokens(logits.float(), settings, gen)  # noqa: E731
+    progress = (lambda done, total: on_batch(f"{done}/{total} conversations")) if on_batch else None
+    ContinuousBatcher(target, settings.max_new_tokens, stop_ids, pick).run(order, next_prompt, on_answer, progress)
+    return [answered(ctx) for ctx, _, _, _ in convs], stats
+
+
+def answered(ctx: list[dict]) -> list[dict]:
+    """A regenerated conversation up to its last answer (an unanswered, dropped prompt goes)."""
+    while ctx and ctx[-1]["role"] != "assistant":
+        ctx.pop()
+    return ctx
+
+
+def strip_meta(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates expect them: role and content only."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+# ---------------------------------------------------------------- OpenAI-compatible server
+
+
+class EndpointError(Eagle3Error, RuntimeError):
+    """The server kept failing after all retries (the run stops; rerun resumes)."""
+
+
+class EndpointRejected(ValueError):
+    """The server refused one request (4xx): that conversation is skipped and counted."""
+
+
+@dataclass
+class Endpoint:
+    url: str
+    model: str | None = None
+    api_key: str | None = None
+    concurrency: int = 16
+    retries: int = 5
+    timeout: float = 600.0
+
+    @property
+    def base(self) -> str:
+        u = self.url.rstrip("/")
+        for tail in ("/chat/completions", "/completions"):
+            if u.endswith(tail):
+                u = u[: -len(tail)]
+        return u if u.endswith("/v1") else u + "/v1"
+
+    def _request(self, path: str, payload: dict | None = None) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(payload).encode() if payload is not None else None
+        last = ""
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(self.base + path, data=data, headers=headers,
+                                         method="POST" if data is not None else "GET")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read().decode("utf-8"))
+            except urllib.error.HTTPError as e:
+                body = e.read().decode("utf-8", "replace")[:200]
+                if e.code != 429 and 400 <= e.code < 500:
+                    raise EndpointRejected(f"HTTP {e.code}: {body}") from None
+                last = f"HTTP {e.code}: {body}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as e:
+                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            if attempt < self.retries:
+                time.sleep(min(0.5 * 2 ** attempt, 8.0))
+        raise EndpointError(f"{self.base}{path} failed after {self.retries + 1} tries: {last}")
+
+    def resolve_model(self) -> str:
+        """The served model's name: given, or the first one the server lists."""
+        if self.model:
+            return self.model
+        models = self._request("/models").get("data") or []
+        if not models:
+            raise EndpointError(f"{self.base}/models lists no model; pass --endpoint-model")
+        self.model = models[0]["id"]
+        return self.model
+
+    def answer(self, messages: list[dict], settings: GenSettings) -> tuple[str, bool, int]:
+        """(answer, turn ended normally, completion tokens) for one chat request."""
+        payload = {"model": self.resolve_model(), "messages": messages, "max_tokens": settings.max_new_tokens,
+                   "temperature": settings.temperature, "top_p": settings.top_p, "n": 1}
+        out = self._request("/chat/completions", payload)
+        choice = out["choices"][0]
+        msg = choice.get("message") or {}
+        content = msg.get("content") or ""
+        # Reasoning servers return the think block separately; put it back where the template expects it.
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        if reasoning:
+            content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content.lstrip()}"
+        tokens = int((out.get("usage") or {}).get("completion_tokens") or 0)
+        ended = choice.get("finish_reason") != "length"
+        # A cut answer keeps its trailing whitespace: its last tokens are learned as they came.
+        return (content.strip() if ended else content.lstrip()), ended, tokens
+
+
+def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], settings: GenSettings,
+                        on_done: Callable[[int], None] | None = None) -> tuple[list[list[dict] | None], RegenStats]:
+    """Answer every user turn through the server, ``endpoint.concurrency`` conversations at once.
+
+    A conversation the server refuses (HTTP 4xx, e.g. too long) comes back as None and is
+    counted; persistent server failures raise EndpointError.
+    """
+    endpoint.resolve_model()
+
+    def one(i: int):
+        stats = RegenStats()
+        system, users = prompt_turns(conversations[i])
+        ctx = list(system)
+        try:
+            for k, u in enumerate(users):
+                ctx.append({"role": "user", "content": u})
+                answer, ended, ntok = endpoint.answer(strip_meta(ctx), settings)
+                ctx.append({"role": "assistant", "content": answer} if ended else
+                           {"role": "assistant", "content": answer, "finished": False})
+                stats.answers += 1
+                stats.generated_tokens += ntok
+                if not ended:  # a cut answer ends the conversation (see regenerate_local)
+                    stats.cut += 1
+                    stats.dropped_turns += len(users) - k - 1
+                    break
+        except EndpointRejected as e:
+            if not any(m["role"] == "assistant" for m in ctx):
+                stats.rejected[i] = str(e)
+                return None, stats
+            ctx.pop()  # keep the answered turns, drop the refused prompt (usually too long)
+            stats.dropped_turns += len(users) - stats.answers
+        if on_done:
+            on_done(i)
+        return ctx, stats
+
+    total = RegenStats()
+    with ThreadPoolExecutor(max_workers=max(1, endpoint.concurrency)) as pool:
+        results = list(pool.map(one, range(len(conversations))))
+    for _, s in results:
+        total.add(s)
+    return [r for r, _ in results], total

@@ -1,0 +1,421 @@
+"""Chat datasets in, normalised conversations out.
+
+A source is a Hub dataset id (loaded, or streamed, with ``datasets``), a named preset for a
+usual corpus, or a local ``.json`` / ``.jsonl`` / ``.parquet`` file. Every row becomes a list of
+``{"role": "system"|"user"|"assistant", "content": str}`` messages, whatever its shape:
+
+    sharegpt  {"conversations": [{"from": "human"|"gpt"|..., "value": str}, ...]}
+    messages  {"messages": [{"role": ..., "content": ...}, ...]}          (OpenAI / HF chat)
+    alpaca    {"instruction": str, "input": str?, "output": str?}
+    turns     {"turns": [str, ...], "reference": [str, ...]?}             (eval sets, MT-bench)
+    prompt    {"question"|"prompt": str, "answer"|"response"|"output"|"completion": str?}
+
+A row that cannot be used (malformed JSON, unknown shape, empty or role-less conversation,
+non-string content, no user turn, no assistant turn when answers are kept) is skipped and
+counted by reason; the first few locations are kept so the user can look at them. ``strict``
+turns the first bad row into an error instead.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ..core.errors import Eagle3Error
+
+FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")
+
+# Usual corpora -> (Hub id, subset, split). Resolved only when --data names the preset.
+PRESETS: dict[str, tuple[str, str | None, str]] = {
+    "sharegpt": ("Aeala/ShareGPT_Vicuna_unfiltered", None, "train"),
+    "ultrachat": ("HuggingFaceH4/ultrachat_200k", None, "train_sft"),
+    "gsm8k": ("openai/gsm8k", "main", "train"),
+    "alpaca": ("tatsu-lab/alpaca", None, "train"),
+    "openhermes": ("teknium/OpenHermes-2.5", None, "train"),
+    "slimorca": ("Open-Orca/SlimOrca", None, "train"),
+    "magpie": ("Magpie-Align/Magpie-Llama-3.1-Pro-300K-Filtered", None, "train"),
+    "codealpaca": ("sahil2801/CodeAlpaca-20k", None, "train"),
+    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+}
+
+ROLE_ALIASES = {
+    "human": "user", "user": "user", "prompter": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant", "bot": "assistant",
+    "system": "system",
+}
+PROMPT_KEYS = ("question", "prompt")
+ANSWER_KEYS = ("answer", "response", "output", "completion")
+MAX_REPORTED = 5
+
+
+class BadRow(ValueError):
+    """A row that cannot become a conversation; the message is the reason (counted as such)."""
+
+
+class SourceError(Eagle3Error, ValueError):
+    """The source itself is unusable (missing file, unknown format, unreachable Hub id)."""
+
+
+@dataclass
+class Conversation:
+    id: int  # row index in the source (0-based), kept through shuffling for tracing
+    messages: list[dict]
+
+
+@dataclass
+class LoadReport:
+    rows: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[tuple[str, str]] = field(default_factory=list)  # (location, reason), first few
+    format: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def bad(self, where: str, reason: str):
+        self.skipped[reason] += 1
+        if len(self.examples) < MAX_REPORTED:
+            self.examples.append((where, reason))
+
+    def summary(self) -> str:
+        line = f"{self.kept} conversations kept of {self.rows} rows read (format: {self.format})"
+        if self.skipped:
+            reasons = ", ".join(f"{r}: {n}" for r, n in self.skipped.most_common())
+            where = "; ".join(f"{w} ({r})" for w, r in self.examples)
+            # parentheses, not brackets: rich would read "[reason: n]" as markup and drop it
+            line += f"; skipped {sum(self.skipped.values())} ({reasons}); first: {where}"
+        return line
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+def _text(value, what: str) -> str:
+    if isinstance(value, list):
+        return _text_parts(value, what)
+    if not isinstance(value, str):
+        raise BadRow(f"non-string content in {what}")
+    return value
+
+
+def _text_parts(parts: list, what: str) -> str:
+    """OpenAI-style content parts ``[{"type": "text", "text": ...}, ...]``: their texts, joined.
+
+    Many chat datasets store every message this way; a part that is not text (an image) cannot
+    be learned from by a text draft, so the row is skipped with that reason.
+    """
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict):
+            raise BadRow(f"non-string content in {what}")
+        if part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            raise BadRow(f"non-text content part ({str(part.get('type'))[:20]}) in {what}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _a(role: str) -> str:
+    return f"an {role}" if role == "assistant" else f"a {role}"  # roles: system, user, assistant
+
+
+def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
+    if not isinstance(turns, list) or not turns:
+        raise BadRow("empty conversation")
+    out = []
+    for t in turns:
+        if not isinstance(t, dict):
+            raise BadRow("turn is not an object")
+        role = t.get(role_key, t.get("role", t.get("from")))
+        if role is None:
+            raise BadRow("turn without a role")
+        mapped = ROLE_ALIASES.get(str(role).lower())
+        if mapped is None:
+            raise BadRow(f"unknown role {str(role)[:20]!r}")
+        content = t.get(content_key, t.get("content", t.get("value")))
+        out.append({"role": mapped, "content": _text(content, f"{_a(mapped)} turn")})
+    return out
+
+
+def _alternating(turns: list[dict]) -> list[dict]:
+    """system? then user/assistant alternating: leading answers dropped, repeats merged.
+
+    Many templates (Gemma, Mistral) refuse anything else, and a leading answer (common in
+    scraped ShareGPT) has no prompt to answer.
+    """
+    system = [t for t in turns[:1] if t["role"] == "system"]
+    rest = turns[len(system):]
+    while rest and rest[0]["role"] != "user":
+        rest = rest[1:]
+    merged: list[dict] = []
+    for t in rest:
+        if t["role"] == "system":
+            raise BadRow("system turn in the middle of a conversation")
+        if merged and merged[-1]["role"] == t["role"]:
+            merged[-1] = {"role": t["role"], "content": merged[-1]["content"] + "\n\n" + t["content"]}
+        else:
+            merged.append(dict(t))
+    return system + merged
+
+
+def normalise(row, fmt: str) -> list[dict]:
+    """One raw row -> messages (not yet checked for usability; see :func:`check`)."""
+    if not isinstance(row, dict):
+        raise BadRow("row is not an object")
+    if fmt == "sharegpt":
+        if "conversations" not in row:
+            raise BadRow("no 'conversations' field")
+        turns = _turn_list(row["conversations"], "from", "value")
+    elif fmt == "messages":
+        if "messages" not in row:
+            raise BadRow("no 'messages' field")
+        turns = _turn_list(row["messages"], "role", "content")
+    elif fmt == "alpaca":
+        if "instruction" not in row:
+            raise BadRow("no 'instruction' field")
+        prompt = _text(row["instruction"], "instruction")
+        extra = row.get("input") or ""
+        prompt = prompt + "\n\n" + _text(extra, "input") if extra else prompt
+        turns = [{"role": "user", "content": prompt}]
+        if row.get("output"):
+            turns.append({"role": "assistant", "content": _text(row["output"], "output")})
+        if row.get("system"):
+            turns.insert(0, {"role": "system", "content": _text(row["system"], "system")})
+    elif fmt == "turns":
+        prompts, refs = row.get("turns"), row.get("reference") or []
+        if not isinstance(prompts, list) or not prompts:
+            raise BadRow("empty conversation")
+        if not isinstance(refs, list):
+            refs = []
+        turns = []
+        for i, p in enumerate(prompts):
+            turns.append({"role": "user", "content": _text(p, "a user turn")})
+            if i < len(refs) and refs[i] is not None:
+                turns.append({"role": "assistant", "content": _text(refs[i], "a reference answer")})
+    elif fmt == "prompt":
+        key = next((k for k in PROMPT_KEYS if k in row), None)
+        if key is None:
+            raise BadRow("no 'question' or 'prompt' field")
+        turns = [{"role": "user", "content": _text(row[key], key)}]
+        ans = next((k for k in ANSWER_KEYS if row.get(k) is not None), None)
+        if ans:
+            turns.append({"role": "assistant", "content": _text(row[ans], ans)})
+    else:
+        raise SourceError(f"unknown --format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if fmt == "turns" and not any(t["role"] == "assistant" for t in turns):
+        return turns  # separate prompts, answered one after another: never merged
+    return _alternating(turns)
+
+
+def check(messages: list[dict], need_answers: bool) -> list[dict]:
+    """Reject conversations nothing can be learned from; trailing unanswered prompts are kept
+    only when the target will answer them."""
+    if not messages:
+        raise BadRow("empty conversation")
+    if not any(m["role"] == "user" for m in messages):
+        raise BadRow("no user turn")
+    for m in messages:
+        if m["role"] == "user" and not m["content"].strip():
+            raise BadRow("empty user turn")
+    if need_answers:
+        while messages and messages[-1]["role"] != "assistant":
+            messages = messages[:-1]
+        if not any(m["role"] == "assistant" for m in messages):
+            raise BadRow("no assistant turn")
+        if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+            raise BadRow("empty assistant turn")
+    return messages
+
+
+def detect_format(row) -> str | None:
+    if not isinstance(row, dict):
+        return None
+    for key, fmt in (("conversations", "sharegpt"), ("messages", "messages"), ("instruction", "alpaca"),
+                     ("turns", "turns")):
+        if key in row:
+            return fmt
+    if any(k in row for k in PROMPT_KEYS):
+        return "prompt"
+    return None
+
+
+# ---------------------------------------------------------------- raw rows
+
+
+def _json_rows(path: Path) -> Iterator[tuple[str, object]]:
+    """Rows of a JSON array (or a dict of id -> row). A truncated array (as the ShareGPT
+    package ships) is decoded object by object; the cut-off tail is reported, not fatal."""
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        data = [dict(v, id=k) if isinstance(v, dict) and "id" not in v else v for k, v in data.items()]
+    if isinstance(data, list):
+        # Line numbers of objects are not tracked for whole-file JSON; report the array index.
+        for i, row in enumerate(data):
+            yield f"{path.name}[{i}]", row
+        return
+    start = text.find("[")
+    if start < 0:
+        raise SourceError(f"{path}: not a JSON array or object, and not JSON Lines (use a .jsonl name)")
+    dec, pos, i = json.JSONDecoder(), start + 1, 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        line = text.count("\n", 0, pos) + 1
+        try:
+            row, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            yield f"{path.name}:{line}", _Truncated()
+            return
+        yield f"{path.name}:{line}", row
+        i += 1
+
+
+class _Truncated:
+    """Marker for the unreadable tail of a truncated JSON array."""
+
+
+def _decode(path: Path, data: bytes, first_line: int = 1) -> str:
+    """Bytes as text. utf-8-sig: a byte-order mark (Notepad) is not part of the first row."""
+    try:
+        return data.decode("utf-8-sig" if first_line == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise SourceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): save it as "
+                          "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def _read_text(path: Path) -> str:
+    return _decode(path, path.read_bytes())
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
+    with open(path, "rb") as f:  # streamed: a JSONL file may be larger than memory
+        for n, raw in enumerate(f, 1):
+            line = _decode(path, raw, n)
+            if not line.strip():
+                continue
+            try:
+                yield f"{path.name}:{n}", json.loads(line)
+            except json.JSONDecodeError:
+                yield f"{path.name}:{n}", _Malformed()
+
+
+class _Malformed:
+    """Marker for a line that is not valid JSON."""
+
+
+def _dataset_rows(ds, name: str) -> Iterator[tuple[str, object]]:
+    for i, row in enumerate(ds):
+        yield f"{name} row {i}", row
+
+
+def _load_dataset(*args, **kw):
+    import datasets
+
+    try:
+        return datasets.load_dataset(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; one line for the user
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SourceError(f"could not load dataset {args[0] if args else ''}: {msg}") from e
+
+
+def raw_rows(data: str, split: str | None = None, subset: str | None = None,
+             streaming: bool = False) -> tuple[Iterator[tuple[str, object]], str]:
+    """(rows with their location, description) for a local file, a preset or a Hub id."""
+    path = Path(data).expanduser()
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if path.exists() and path.is_file():
+        if suffix == ".jsonl":
+            return _jsonl_rows(path), str(path)
+        if suffix == ".json":
+            return _json_rows(path), str(path)
+        if suffix == ".parquet":
+            ds = _load_dataset("parquet", data_files=str(path), split="train", streaming=streaming)
+            return _dataset_rows(ds, path.name), str(path)
+        raise SourceError(f"{path}: unsupported file type {suffix or '(none)'}; use .json, .jsonl or .parquet")
+    if suffix in (".json", ".jsonl", ".parquet") or data.startswith((".", "/", "~")):
+        raise SourceError(f"--data {data}: no such file")
+    hub_id = data
+    if data.lower() in PRESETS:
+        hub_id, preset_subset, preset_split = PRESETS[data.lower()]
+        subset = subset or preset_subset
+        split = split or preset_split
+    ds = _load_dataset(hub_id, subset, split=split or "train", streaming=streaming)
+    return _dataset_rows(ds, hub_id), hub_id
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_conversations(
+    data: str,
+    fmt: str | None = None,
+    split: str | None = None,
+    subset: str | None = None,
+    streaming: bool = False,
+    max_samples: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    need_answers: bool = False,
+    strict: bool = False,
+) -> tuple[list[Conversation], LoadReport]:
+    """Read, normalise and check every row; return the usable conversations and a report.
+
+    Without ``shuffle`` reading stops once ``max_samples`` conversations are kept. With it,
+    all rows are read and the sample is drawn with ``seed``, so the same command always
+    selects the same conversations.
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise SourceError(f"unknown --format {fmt!r}; choose from {', '.join(FORMATS)}")
+    rows, _ = raw_rows(data, split=split, subset=subset, streaming=streaming)
+    report = LoadReport(format=fmt)
+    convs: list[Conversation] = []
+    stop_early = max_samples is not None and not shuffle
+    for index, (where, row) in enumerate(rows):
+        report.rows += 1
+        try:
+            if isinstance(row, _Malformed):
+                raise BadRow("malformed JSON")
+            if isinstance(row, _Truncated):
+                raise BadRow("truncated JSON (end of file)")
+            if report.format is None:
+                report.format = detect_format(row)
+                if report.format is None:
+                    raise BadRow("unknown row shape (pass --format)")
+            msgs = check(normalise(row, report.format), need_answers)
+        except BadRow as e:
+            if strict:
+                raise SourceError(f"{where}: {e} (--strict)") from None
+            report.bad(where, str(e))
+            continue
+        convs.append(Conversation(index, msgs))
+        if stop_early and len(convs) >= max_samples:
+            break
+    if shuffle:
+        random.Random(seed).shuffle(convs)
+    if max_samples is not None:
+        convs = convs[:max_samples]
+    report.kept = len(convs)
+    if not convs:
+        raise SourceError(f"no usable conversations in {data}: {report.summary()}")
+    return convs, report
+
+
+def with_system(convs: Iterable[Conversation], system: str | None) -> list[Conversation]:
+    """``--system``: replace (or add) the system prompt of every conversation."""
+    out = []
+    for c in convs:
+        msgs = [m for m in c.messages if m["role"] != "system"]
+        if system:
+            msgs = [{"role": "system", "content": system}] + msgs
+        out.append(Conversation(c.id, msgs if system is not None else c.messages))
+    return out

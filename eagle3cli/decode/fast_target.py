@@ -1,0 +1,454 @@
+"""A lean forward of Llama-family targets over a static KV cache: the generator's fast path.
+
+On a CPU the plain HF forward of a 135M model spends as long in Python and small ops (mask
+building, a growing ``DynamicCache`` concatenated every call, three separate q/k/v and two
+gate/up matmuls) as in its matrix products, and verifying n tokens through it costs 2-3x
+one token although the weights are read once either way (docs/benchmarks.md). This module
+runs the same model with the same weights and the same formulas (HF's own RoPE tables and
+``apply_rotary_pos_emb``, RMSNorm in fp32 as HF computes it), and per layer only
+
+    x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope -> write k, v into the static
+      cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
+      -> rmsnorm -> [gate|up] one matmul -> silu(gate) * up -> down -> residual
+
+The cache is preallocated ([layers, kv heads, positions, head_dim], 1,024 positions, doubled when
+a sequence outgrows it, up to max_len); keeping the accepted
+tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
+On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
+uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
+one copy for every row count; ``tune_packing`` measures which is faster on this CPU. With bf16
+weights (on AMX CPUs a verification of 16 rows then costs 1.36x one row, against 1.68x in fp32)
+the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
+so that verifying is bitwise one-token decoding (``attention_dtype``, ``row_invariant``).
+
+``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
+back to the HF forward otherwise and reports which path ran.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..core.hf_utils import text_config
+from .tree import new_tree, verify_mask
+
+SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
+
+
+def config_unsupported_reason(config) -> str | None:
+    """Why a target of this config cannot take the fast path (None: it can); no weights needed."""
+    cfg = text_config(config)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model_type {kind!r} (fast path: {', '.join(sorted(SUPPORTED_TYPES))})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in STATIC_ROPE:
+        return f"rope_type {rope_type!r}"
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        return "sliding-window attention"
+    if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and kind != "qwen2"):  # Qwen2's q/k/v biases are fused
+        return "biases in the MLP or attention"
+    return None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot take the fast path (None: it can)."""
+    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
+        return "quantized weights"
+    return config_unsupported_reason(model.config)
+
+
+ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
+
+
+class Linear:
+    """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
+    (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
+        self.weight, self.bias = weight.contiguous(), bias
+        self.pack(packed_rows)
+
+    @staticmethod
+    def can_pack(weight: torch.Tensor, key: int | str = 1) -> bool:
+        """Whether ``weight`` packs for ``key`` here, on a CPU: MKL's packed GEMM (an int key; fp32)
+        or oneDNN's prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL; fp32,
+        or bf16 where oneDNN has bf16 kernels). Unpacked, a bf16 matmul reorders its weight into
+        oneDNN's blocked layout on every call: prepacked, SmolLM2's plain decoding costs 58 ms a token
+        against 71 on two AMX cores (docs/benchmarks.md, session 14)."""
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        if key == ONEDNN:
+            onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
+
+    def pack(self, rows: tuple):
+        """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
+        the weight itself is kept as it is. Keys this CPU cannot pack are skipped."""
+        self.packed = {}
+        for m in rows:
+            if not self.can_pack(self.weight, m):
+                continue
+            self.packed[m] = (torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if m == ONEDNN
+                              else torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m))
+
+    def packed_for(self, m: int) -> int | str | None:
+        return serving_key(tuple(self.packed), m)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        key = self.packed_for(m)
+        if key is None:
+            return F.linear(x, self.weight, self.bias)
+        if key == ONEDNN:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], self.bias, "none", [], "")
+        if key > m:
+            x = torch.cat([x, x.new_zeros(key - m, x.shape[1])])
+        return torch.ops.mkl._mkl_linear(x, self.packed[key], self.weight, self.bias, key)[:m]
+
+
+def serving_key(keys: tuple, m: int) -> int | str | None:
+    """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else oneDNN's;
+    else (m > 1) the smallest MKL one for more rows, the input padded; None: plain F.linear.
+    One row is never padded up to a block: that costs what the block costs."""
+    if m in keys:
+        return m
+    if ONEDNN in keys:
+        return ONEDNN
+    return min((k for k in keys if k != ONEDNN and k > m), default=None) if m > 1 else None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in fp32, scale in the weight's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _weights(*tensors, dtype=None) -> torch.Tensor:
+    """The tensors concatenated along rows (one tensor: itself), detached, in ``dtype`` if given."""
+    w = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+    return w.detach().to(dtype) if dtype is not None else w.detach()
+
+
+class Layer:
+    def __init__(self, layer, packed_rows, dtype=None):
+        a, m = layer.self_attn, layer.mlp
+        bias = None
+        if a.q_proj.bias is not None:
+            bias = _weights(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, dtype=dtype)
+        self.qkv = Linear(_weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=dtype), bias, packed_rows)
+        self.o = Linear(_weights(a.o_proj.weight, dtype=dtype), None, packed_rows)
+        self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=dtype), None, packed_rows)
+        self.down = Linear(_weights(m.down_proj.weight, dtype=dtype), None, packed_rows)
+        self.ln1 = _weights(layer.input_layernorm.weight, dtype=dtype)
+        self.ln2 = _weights(layer.post_attention_layernorm.weight, dtype=dtype)
+        self.eps = layer.input_layernorm.variance_epsilon
+        # Qwen3: RMSNorm over head_dim before RoPE (HF's formula, as _rms_norm computes it).
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.qk_norms = None if qn is None else (_weights(qn.weight, dtype=dtype), _weights(kn.weight, dtype=dtype),
+                                                 qn.variance_epsilon)
+        self.scaling = a.scaling
+        self.inter = m.gate_proj.weight.shape[0]
+
+    def linears(self) -> tuple[Linear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.qk_norms is None:
+            return q, k
+        wq, wk, eps = self.qk_norms
+        return _rms_norm(q, wq, eps), _rms_norm(k, wk, eps)
+
+
+class Decoder:
+    """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
+    cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
+
+    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None):
+        """``dtype``: compute in it (the weights are cast once); None keeps the model's."""
+        from ..model.target import base_model
+
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"{purpose} does not support this target: {reason}")
+        cfg = text_config(model.config)
+        self.base = base_model(model)
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.hidden = cfg.hidden_size
+        self.embed = _weights(self.base.embed_tokens.weight, dtype=dtype)
+        self.layers = [Layer(layer, packed_rows, dtype) for layer in self.base.layers]
+        self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), self.base.norm.variance_epsilon
+        # The LM head too: a verification needs logits at every row, and F.linear over a few rows
+        # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, session 7).
+        self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
+
+    def linears(self) -> list[Linear]:
+        return [lin for layer in self.layers for lin in layer.linears()] + [self.head]
+
+    def repack(self, rows: tuple[int, ...]):
+        """Pack every matmul (layers and head) for ``rows`` instead (a packed GEMM is specialised for
+        its row count); the fused weights are not copied again."""
+        for lin in self.linears():
+            lin.pack(rows)
+
+    def packable(self) -> bool:
+        """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
+        return any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
+
+    def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
+        pos = torch.arange(max_len, device=self.embed.device)[None]
+        cos, sin = self.base.rotary_emb(self.embed[:1][None], pos)
+        return cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype)
+
+
+def attention_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """What the fast path's attention (and its KV cache) computes in for a decoder in ``dtype``.
+
+    ``dtype`` itself on a GPU (float64 is slow there, and its bf16 GEMMs change with the row count
+    anyway: eval then compares with HF generate as in fp32). On a CPU, float64 under bf16/fp16
+    weights, so that a verification decodes exactly what one-token
+    decoding decodes. oneDNN's bf16 matmuls of SmolLM2's shapes are row-invariant on an AMX Xeon (a
+    row's result does not depend on how many rows share the call: none of 91M elements differs),
+    but attention in low precision is not: its reductions over the keys round differently with the
+    key count and the tree mask, which moves bf16 logits by up to 0.6 (docs/benchmarks.md, session
+    12) and flips near-ties. In float64 the differences (~1e-16) vanish when the output is rounded
+    back to bf16. Row-invariance of the matmuls is the CPU library's, shape by shape (a 64x64 one
+    differs in 7 of 204,800 elements there), so ``row_invariant`` checks the whole forward at start-up.
+    """
+    low = dtype in (torch.bfloat16, torch.float16)
+    return torch.float64 if low and torch.device(device).type == "cpu" else dtype
+
+
+class FastTarget:
+    """The target's decoder as plain tensors, with its own static KV cache."""
+
+    @staticmethod
+    def supports(model) -> str | None:
+        return unsupported_reason(model)
+
+    def __init__(self, model, max_len: int, packed_rows: tuple[int, ...] = (), decoder: Decoder | None = None):
+        """A static cache of ``max_len`` positions over ``decoder`` (built from ``model`` when not given:
+        pass one to reuse its fused weights, e.g. to time several packed sizes)."""
+        d = decoder or Decoder(model, packed_rows)
+        self.decoder = d
+        self.n_heads, self.n_kv, self.head_dim, self.hidden = d.n_heads, d.n_kv, d.head_dim, d.hidden
+        self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
+        self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
+        # RoPE tables once for every position (small), so a row's tables never change as the cache grows
+        self.cos, self.sin = d.rope(max_len)
+        self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
+        self.k = self.v = None
+        self._allocate(min(max_len, self.INITIAL_LEN))
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self._rope = apply_rotary_pos_emb
+
+    INITIAL_LEN = 1024  # positions allocated at first: an 8,192-position float64 cache of SmolLM2 is 755 MB
+
+    def _allocate(self, length: int):
+        """(Re)allocate the KV cache for ``length`` positions, keeping what is cached."""
+        shape = (len(self.layers), self.n_kv, length, self.head_dim)
+        k = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
+        v = torch.zeros_like(k)
+        if self.k is not None:
+            k[:, :, :self.k.shape[2]], v[:, :, :self.v.shape[2]] = self.k, self.v
+        self.k, self.v = k, v
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None = None,
+                hidden_layers=(), logits: str = "all"):
+        """Run n new tokens ``ids`` [n] at ``positions`` [n], writing cache slots past..past+n-1.
+
+        ``mask``: bool [n, past + n] "may attend" (None: causal over the new tokens, all of the
+        prefix visible). Returns (logits [n or 1, V], {j: hidden_states[j] [1, n, H]}).
+        """
+        n = ids.shape[0]
+        if past + n > self.max_len:
+            raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
+        if past + n > self.k.shape[2]:  # grow by doubling: a copy per doubling, not per token
+            self._allocate(min(self.max_len, max(2 * self.k.shape[2], past + n)))
+        x = self.embed[ids]  # [n, H]
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, hd]
+        if mask is None and n > 1:
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+        # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
+        # attention, 0.4 ms less a 17-row verification: docs/benchmarks.md, session 15)
+        attn_mask = None if mask is None else torch.zeros(
+            mask.shape, dtype=self.attn_dtype, device=x.device).masked_fill_(~mask, float("-inf"))[None, None]
+        hidden = {}
+        want = set(hidden_layers)
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        for j, layer in enumerate(self.layers):
+            if j in want:
+                hidden[j] = x[None]
+            h = _rms_norm(x, layer.ln1, layer.eps)
+            qkv = layer.qkv(h)
+            q = qkv[:, :nh * hd].view(n, nh, hd)
+            k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
+            v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
+            q, k = layer.qk_norm(q, k)
+            q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+            self.k[j, :, past:past + n] = k[0]
+            self.v[j, :, past:past + n] = v.transpose(0, 1)
+            o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
+                                               self.v[j:j + 1, :, :past + n], attn_mask=attn_mask,
+                                               scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
+            x = x + layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))
+            gu = layer.gate_up(_rms_norm(x, layer.ln2, layer.eps))
+            x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
+        x = _rms_norm(x, self.norm, self.norm_eps)
+        if len(self.layers) in want:
+            hidden[len(self.layers)] = x[None]
+        out = self.head(x if logits == "all" else x[-1:])
+        return out, hidden
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether the weights are bf16/fp16 and attention runs in float64 (on a CPU: ``attention_dtype``)."""
+        return self.attn_dtype != self.embed.dtype
+
+    @torch.inference_mode()
+    def keep(self, past: int, keep: torch.Tensor):
+        """Move tree entries ``past + keep`` to slots past, past+1, ... (only those few entries)."""
+        src = past + keep
+        dst = slice(past, past + keep.numel())
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+
+
+def cpu_has(feature: str) -> bool:
+    """torch's own probe ``torch.cpu._is_<feature>_supported`` (False where this torch lacks it)."""
+    probe = getattr(torch.cpu, f"_is_{feature}_supported", None)
+    return bool(probe is not None and probe())
+
+
+def has_amx_bf16() -> bool:
+    """Whether this CPU has Intel's AMX tiles, where bf16 matmuls of 1-16 rows cost about one row's."""
+    return cpu_has("amx_tile")
+
+
+@torch.inference_mode()
+def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) -> bool:
+    """Whether verifying ``rows`` tokens here gives bitwise the logits that decoding them one at a
+    time gives: for a chain, and for every node of a binary tree against its own path. Only then
+    does greedy speculative decoding emit exactly what plain decoding emits, near-ties included.
+    A start-up check for the low-precision fast path (its matmuls' row-invariance is the CPU
+    library's, not ours to promise); it overwrites the cache.
+    """
+    if rows < 2:
+        return True  # one row is one-token decoding
+    if rows >= fast.max_len:
+        raise ValueError(f"a {rows}-row check needs more than the cache's {fast.max_len} positions")
+    prefix = min(prefix, fast.max_len - rows)  # a short cache is checked behind a shorter prefix
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=g).to(fast.embed.device)
+    fast.forward(ids[:prefix], torch.arange(prefix, device=ids.device), 0, logits="last")
+
+    def one_by_one(path: list[int]) -> torch.Tensor:
+        """Logits of decoding ``new[path]`` one token at a time behind the prefix."""
+        at = lambda d: torch.tensor([prefix + d], device=ids.device)  # noqa: E731
+        return torch.cat([fast.forward(new[i:i + 1], at(d), prefix + d)[0] for d, i in enumerate(path)])
+
+    new = ids[prefix:]
+    chain, _ = fast.forward(new, torch.arange(prefix, prefix + rows, device=ids.device), prefix)
+    if not torch.equal(chain, one_by_one(list(range(rows)))):
+        return False
+    # A binary tree, masked as the generator masks a verification (tree.verify_mask); each leaf's
+    # path decoded one token at a time covers every node on it.
+    tree = new_tree(int(new[0]))
+    for i in range(1, rows):
+        tree.add(int(new[i]), (i - 1) // 2, 0.0)
+    depth = torch.tensor(tree.depths, device=ids.device)
+    logits, _ = fast.forward(new, prefix + depth, prefix, mask=verify_mask(tree, prefix, ids.device)[0, 0])
+    for leaf in (i for i in range(rows) if not tree.children[i]):
+        path = [leaf]
+        while tree.parents[path[-1]] >= 0:
+            path.append(tree.parents[path[-1]])
+        path.reverse()
+        if not torch.equal(logits[path], one_by_one(path)):
+            return False
+    return True
+
+
+def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:
+    """The packings ``tune_packing`` times for ``rows``-row verifications on this CPU: unpacked, MKL
+    packed for ``rows`` and padded up to a multiple of 4 (fp32 with MKL), oneDNN prepacked (fp32
+    with oneDNN)."""
+    options = [()]
+    if Linear.can_pack(weight):
+        options += [(rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
+    if Linear.can_pack(weight, ONEDNN):
+        options.append((ONEDNN,))
+    return options
+
+
+def _label(option: tuple, rows: int) -> str:
+    """What serves a ``rows``-row call under ``option``: an MKL row count, "onednn" or "none"."""
+    return str(serving_key(option, rows) or "none")
+
+
+def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3, rounds: int = 2,
+                 clock=None) -> dict | None:
+    """Pack ``fast``'s matmuls the fastest of a few ways, timed here, for the two forward sizes a
+    speculative run and its plain baseline use: ``rows``-row verifications and one-row decoding.
+    Returns what was measured (None: nothing to choose: one row, or nothing packs here).
+
+    Which prepacked GEMM wins is the CPU's, so it is measured at start-up. MKL's packed GEMM is
+    specialised for its row count and its speed is not monotonic in it: on one Xeon 3 rows packed
+    for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed for 4, 1.30x; there
+    oneDNN's prepacked linear was slower than MKL's, while on an AMD EPYC it verifies 8 rows of
+    SmolLM2's matmuls at 1.06x one row against MKL's 1.57x (docs/benchmarks.md). So: unpacked, MKL
+    packed for ``rows`` or padded up to a multiple of 4, oneDNN; then one row, served as that
+    choice serves it, by MKL packed for one, or by oneDNN (the plain baseline must get the
+    fastest too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts
+    between rounds), the best median kept. Every option computes the same products up to fp32
+    rounding; the cache is left holding garbage past position 0, which the next prefill overwrites.
+    """
+    options = packing_options(rows, fast.head.weight)
+    prefix = min(prefix, fast.max_len - rows)  # a short context is timed behind a shorter prefix
+    if rows < 2 or len(options) < 2 or prefix < 1:
+        return None
+    dev = fast.embed.device
+    ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)
+    fast.forward(ids[:prefix], torch.arange(prefix, device=dev), 0, logits="last")
+    new, pos = ids[prefix:], torch.arange(prefix, prefix + rows, device=dev)
+    timing = dict(repeats=repeats, rounds=rounds, clock=clock)
+    verify = _median_times(fast, options, new, pos, prefix, **timing)
+    best = min(options, key=lambda o: (verify[o], str(o)))
+    # one row: as ``best`` serves it, or an extra copy (MKL for one row, or oneDNN) next to it
+    extra = [k for k in (1, ONEDNN) if k not in best and Linear.can_pack(fast.head.weight, k)]
+    single_options = [best] + [(k,) + best for k in extra]
+    single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
+    keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer
+    fast.decoder.repack(keep)
+    return {"rows": rows, "packed_for": _label(best, rows) if best else None, "packing": list(keep),
+            "ms": {_label(o, rows): round(1000 * t, 2) for o, t in verify.items()},
+            "one_row": {"uses": _label(keep, 1), "ms": {_label(o, 1): round(1000 * t, 2) for o, t in single.items()}}}
+
+
+def _median_times(fast: FastTarget, options, new, pos, past: int, repeats: int, rounds: int, clock=None) -> dict:
+    """{packing: median seconds of one forward of ``new`` at ``pos`` after ``past`` cached positions}."""
+    import time
+
+    clock = clock or time.perf_counter
+    times: dict[tuple, list[float]] = {o: [] for o in options}
+    for _ in range(rounds):
+        for option in options:
+            fast.decoder.repack(option)
+            fast.forward(new, pos, past)  # warm: the first call after packing pays page faults
+            runs = []
+            for _ in range(repeats):
+                t0 = clock()
+                fast.forward(new, pos, past)
+                runs.append(clock() - t0)
+            times[option].append(sorted(runs)[len(runs) // 2])
+    return {o: sorted(ts)[len(ts) // 2] for o, ts in times.items()}

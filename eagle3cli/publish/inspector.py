@@ -1,0 +1,255 @@
+"""Validate any EAGLE-3 draft directory against the engines' contracts (docs/design.md §2-§5).
+
+Each problem is one line a user can act on. Used by ``eagle3 inspect``, and as the gate in
+front of ``eval`` (draft/target mismatch) and ``push`` (never publish a broken draft).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..engines import engine_support
+from .export import (
+    CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, OPTIONAL_WEIGHTS, WEIGHTS, draft_config_from_json,
+    expected_shapes, options_from_json, required_weights)
+from ..model.layers import default_layer_ids, num_layers, text_config
+
+ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
+REQUIRED_KEYS = ["hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
+                 "max_position_embeddings"]
+
+
+@dataclass
+class InspectReport:
+    path: str
+    problems: list[str] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def inspect_draft(draft_dir: str | Path, target_config=None) -> InspectReport:
+    rep = InspectReport(str(draft_dir))
+    cfg = _read_config(Path(draft_dir), rep)
+    if cfg is None:
+        return rep
+    _check_config(cfg, rep)
+    ids = _check_layer_ids(cfg, rep)
+    tensors = _read_tensors(Path(draft_dir), rep)
+    if tensors is not None and all(k in cfg for k in REQUIRED_KEYS):
+        _check_tensors(cfg, tensors, rep)
+    if target_config is not None:
+        _check_against_target(cfg, ids, target_config, rep)
+    missing = engine_support.unsupported_options(rep.summary.get("options") or {})
+    rep.summary["engines"] = {
+        "vllm": "eagle_aux_hidden_state_layer_ids" in cfg and not _has_weight_problem(rep)
+        and not missing[engine_support.VLLM],
+        "sglang": bool((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+        and not _has_weight_problem(rep) and not missing[engine_support.SGLANG],
+    }
+    return rep
+
+
+def _has_weight_problem(rep: InspectReport) -> bool:
+    return any(p.startswith(("tensor", "weights", "d2t", "t2d", "shape")) for p in rep.problems)
+
+
+def _read_config(d: Path, rep: InspectReport) -> dict | None:
+    p = d / CONFIG
+    if not d.is_dir():
+        rep.problems.append(f"{d} is not a directory")
+        return None
+    if not p.exists():
+        rep.problems.append(f"config: {CONFIG} is missing")
+        return None
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        rep.problems.append(f"config: {CONFIG} is not valid JSON ({e})")
+        return None
+    if not isinstance(cfg, dict):
+        rep.problems.append(f"config: {CONFIG} holds a JSON {type(cfg).__name__}, engines expect an object")
+        return None
+    return cfg
+
+
+def _check_config(cfg: dict, rep: InspectReport):
+    archs = cfg.get("architectures") or []
+    if not ARCHITECTURES.intersection(archs):
+        rep.problems.append(f"config: architectures is {archs}, engines expect ['LlamaForCausalLMEagle3']")
+    if cfg.get("model_type") != "llama":
+        rep.problems.append(f"config: model_type is {cfg.get('model_type')!r}, engines expect 'llama'")
+    if cfg.get("num_hidden_layers") != 1:
+        rep.problems.append(f"config: num_hidden_layers is {cfg.get('num_hidden_layers')}, an EAGLE-3 draft has 1")
+    for k in REQUIRED_KEYS:
+        if k not in cfg:
+            rep.problems.append(f"config: required key {k!r} is missing")
+    v, dv = cfg.get("vocab_size"), cfg.get("draft_vocab_size") or cfg.get("vocab_size")
+    if cfg.get("tie_word_embeddings") and dv != v:
+        rep.problems.append(f"config: tie_word_embeddings is true with a reduced draft vocab ({dv} of {v}): "
+                            "engines would tie lm_head to the embedding; set it to false")
+    if "draft_vocab_size" not in cfg:
+        rep.problems.append("config: draft_vocab_size is missing (engines then assume the full vocab)")
+    if cfg.get("attention_bias"):
+        rep.problems.append("config: attention_bias is true; EAGLE-3 drafts have no attention bias")
+    opts = options_from_json(cfg)
+    if opts["fc_norm"] and opts["norm_before_fc"]:
+        rep.problems.append("config: fc_norm and norm_before_fc are both set: speculators refuses the pair and "
+                            "vLLM/SGLang would apply both norms in turn")
+    if cfg.get("use_aux_norm") and not cfg.get("fc_norm"):
+        rep.problems.append("config: use_aux_norm is SGLang's legacy name of fc_norm; vLLM reads only fc_norm "
+                            "(and would skip the norms): set \"fc_norm\": true")
+    rep.summary["options"] = {k: v for k, v in opts.items() if v}
+    rep.summary["variant"] = "eagle3.1" if opts["fc_norm"] and opts["norm_output"] else "eagle3"
+    rep.summary.update(
+        hidden_size=cfg.get("hidden_size"),
+        target_hidden_size=cfg.get("target_hidden_size", cfg.get("hidden_size")),
+        vocab_size=v,
+        draft_vocab_size=dv,
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+    )
+
+
+def _check_layer_ids(cfg: dict, rep: InspectReport) -> tuple[int, ...] | None:
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    sgl = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if top is None:
+        rep.problems.append("config: eagle_aux_hidden_state_layer_ids is missing (vLLM then takes "
+                            "eagle_config's ids without adding 1, one layer off, or its defaults)")
+    if sgl is None:
+        rep.problems.append("config: eagle_config.eagle_aux_hidden_state_layer_ids is missing (SGLang then "
+                            "captures its default layers)")
+    if top is not None and sgl is not None and [k + 1 for k in sgl] != list(top):
+        rep.problems.append(f"config: layer-id keys disagree: top-level {list(top)} (input of layer j) vs "
+                            f"eagle_config {list(sgl)} (output of layer j-1 expected {[j - 1 for j in top]})")
+    ids = tuple(top) if top is not None else (tuple(k + 1 for k in sgl) if sgl is not None else None)
+    if ids is not None:
+        if len(ids) != 3:
+            rep.problems.append(f"config: {len(ids)} aux layer ids {list(ids)}; EAGLE-3 fuses exactly 3")
+        rep.summary["layers_j"] = list(ids)
+        rep.summary["layers_j_minus_1"] = [j - 1 for j in ids]
+    return ids
+
+
+def _read_tensors(d: Path, rep: InspectReport) -> dict[str, tuple] | None:
+    p = d / WEIGHTS
+    if not p.exists():
+        pickles = [x.name for x in d.glob("*.bin")] + [x.name for x in d.glob("*.pt")]
+        extra = f" (found {pickles}: pickle files are not loaded; convert to safetensors)" if pickles else ""
+        rep.problems.append(f"weights: {WEIGHTS} is missing{extra}")
+        return None
+    from safetensors import SafetensorError
+
+    out = {}
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    except SafetensorError as e:  # truncated (an interrupted copy) or not safetensors at all
+        rep.problems.append(f"weights: {WEIGHTS} is unreadable ({e}): export or download it again")
+        return None
+    return out
+
+
+def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectReport):
+    try:
+        dcfg = draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+                                       "norm_before_fc": cfg.get("norm_before_fc") and not cfg.get("fc_norm")})
+    except ValueError as e:
+        rep.problems.append(f"config: {e}")
+        return
+    shapes = expected_shapes(dcfg)
+    required = required_weights(dcfg)
+    flags = {n: "fc_norm" for n in FC_NORM_WEIGHTS} | {INPUT_NORM_WEIGHT: "norm_before_fc"}
+    for name in tensors:
+        if name.startswith("model."):
+            rep.problems.append(f"tensor {name}: has a 'model.' prefix; engines expect {name[len('model.'):]}")
+        elif name in flags and name not in required:
+            rep.problems.append(f"tensor {name}: config.json does not set {flags[name]}, so vLLM and SGLang "
+                                f"ignore this norm and serve the draft without it; set \"{flags[name]}\": true")
+        elif name.split(".", 1)[0] in LEGACY_FC_NORM:
+            rep.problems.append(f"tensor {name}: SGLang's legacy name for {LEGACY_FC_NORM[name.split('.', 1)[0]]}; "
+                                "vLLM does not know it: `eagle3 convert` renames it")
+        elif name not in required and name not in OPTIONAL_WEIGHTS:
+            rep.problems.append(f"tensor {name}: unknown name (SGLang silently drops it)")
+    for name in required:
+        if name not in tensors and f"model.{name}" not in tensors:
+            what = (f"the config sets {flags[name]}, the engines then leave that norm at ones" if name in flags
+                    else "the engine leaves that weight random")
+            rep.problems.append(f"tensor {name}: missing ({what})")
+    for name, t in tensors.items():
+        bare = name[len("model."):] if name.startswith("model.") else name
+        if bare in shapes and tuple(t.shape) != shapes[bare]:
+            rep.problems.append(f"shape of {bare}: {tuple(t.shape)}, config implies {shapes[bare]}")
+    if dcfg.hidden_size != dcfg.target_hidden_size and "embed_tokens.weight" not in tensors:
+        rep.problems.append("tensor embed_tokens.weight: missing although hidden_size != target_hidden_size "
+                            "(the target's embedding cannot be shared)")
+    _check_vocab_maps(dcfg, tensors, rep)
+    floats = {str(t.dtype).replace("torch.", "") for t in tensors.values() if t.is_floating_point()}
+    rep.summary["weights_dtype"] = sorted(floats)
+    rep.summary["parameters"] = sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d"))
+
+
+def _check_vocab_maps(dcfg, tensors: dict[str, torch.Tensor], rep: InspectReport):
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is None or t2d is None:
+        return
+    if d2t.dtype != torch.int64:
+        rep.problems.append(f"d2t: dtype {d2t.dtype}, engines expect int64")
+    if t2d.dtype != torch.bool:
+        rep.problems.append(f"t2d: dtype {t2d.dtype}, engines expect bool")
+    if d2t.numel() != dcfg.draft_vocab_size or t2d.numel() != dcfg.vocab_size:
+        return  # already reported as a shape problem
+    d2t = d2t.long()
+    target_ids = torch.arange(d2t.numel()) + d2t
+    members = torch.nonzero(t2d.bool()).flatten()
+    offsets_ok = (
+        bool(((target_ids >= 0) & (target_ids < dcfg.vocab_size)).all())
+        and members.numel() == d2t.numel()
+        and torch.equal(target_ids.sort().values, members)
+    )
+    if offsets_ok:
+        if not bool((target_ids[1:] > target_ids[:-1]).all()):
+            rep.problems.append("d2t: draft ids do not map to increasing target ids (engines expect sorted ids)")
+        return
+    as_indices = members.numel() == d2t.numel() and torch.equal(d2t.sort().values, members)
+    if as_indices:
+        rep.problems.append("d2t: holds target indices, not offsets; engines compute target = draft + d2t[draft] "
+                            "(store d2t[i] = target_id - i)")
+    else:
+        rep.problems.append("d2t/t2d: inconsistent: draft + d2t[draft] does not give exactly the ids t2d marks")
+
+
+def _check_against_target(cfg: dict, ids, target_config, rep: InspectReport):
+    t = text_config(target_config)
+    n = num_layers(target_config)
+    th = cfg.get("target_hidden_size", cfg.get("hidden_size"))
+    if th != t.hidden_size:
+        rep.problems.append(f"target: hidden size {t.hidden_size}, the draft was built for {th}")
+    if cfg.get("vocab_size") != t.vocab_size:
+        rep.problems.append(f"target: vocab size {t.vocab_size}, the draft's vocab_size is {cfg.get('vocab_size')}")
+    tmax = getattr(t, "max_position_embeddings", None)
+    if tmax and (cfg.get("max_position_embeddings") or 0) < tmax:
+        rep.problems.append(f"config: max_position_embeddings {cfg.get('max_position_embeddings')} is smaller than "
+                            f"the target's {tmax} (drafting stops past it)")
+    if ids is not None:
+        if any(j < 0 or j >= n for j in ids):
+            rep.problems.append(f"target: layer ids {list(ids)} out of range for a {n}-layer target (0..{n - 1})")
+        rep.summary["target_default_layers_j"] = list(default_layer_ids(n)) if n >= 3 else None
+    from ..model.draft import target_rope_parameters
+
+    trope = target_rope_parameters(t)
+    dtheta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    if dtheta is not None and abs(float(dtheta) - float(trope["rope_theta"])) > 1e-6 * float(trope["rope_theta"]):
+        rep.problems.append(f"config: rope_theta {dtheta} differs from the target's {trope['rope_theta']}")
+    rep.summary["target_layers"] = n
+    # Whether each engine takes EAGLE-3 for this target at all (not a problem of the draft: eval runs it).
+    rep.summary["target_support"] = {e: list(v) for e, v in engine_support.target_support(target_config).items()}

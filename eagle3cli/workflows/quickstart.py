@@ -1,0 +1,231 @@
+"""One command from nothing to a measured draft: model -> data -> train -> eval -> export.
+
+Each stage writes into its own folder under ``out`` and is skipped or resumed when a rerun
+finds it done, so an interrupted quickstart picks up where it stopped. Defaults are sized for
+two CPU cores (about 15 minutes); ``samples`` and ``steps`` size it up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+from ..model.layers import text_config
+
+
+@dataclass
+class QuickstartOptions:
+    out: Path = Path("eagle3-quickstart")
+    model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
+    # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
+    # 1,024 tokens (3 epochs) took 14.5 min on 2 AVX-512 AMD cores (gen-data 7.0 in bf16, train 4.2,
+    # eval 3.3), 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32) and 8.3 min on 2 AMX Xeon
+    # cores (gen-data 3.7 in bf16), where twice both took 16.9 min (docs/benchmarks.md, "Session 10"
+    # to "Session 12"): ``default_size``.
+    samples: int | None = None  # training conversations (None: ``default_size``)
+    steps: int | None = None  # optimizer steps of max_tokens tokens each (None: ``default_size``)
+    # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
+    # (gen-data --regen-dtype auto, 155 tokens/s here). --no-regenerate trains on the dataset's
+    # own text instead, online (the target is the teacher at every position either way): the
+    # better draft for the time where regeneration runs at fp32 speed (docs/benchmarks.md, "Session 10").
+    regenerate: bool = True
+    max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
+    max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
+    draft_vocab_size: str = "8192"
+    # Measured on SmolLM2 (docs/benchmarks.md, training ablation): at a few CPU-minutes, TTT 3 with
+    # lr 3e-3 reaches a higher held-out acceptance than TTT 7 with lr 1e-3, in half the CPU time.
+    ttt_steps: int = 3
+    max_tokens: int = 1024  # training tokens per optimizer step
+    # Every position scored (train --loss-on all): the teacher is the target's own distribution at a
+    # prompt position too, and a data-bound draft gains from the extra positions (docs/benchmarks.md).
+    loss_on: str = "all"
+    lr: float = 3e-3  # a short run wants a larger step than the recipes' 1e-4
+    # Half soft cross-entropy, half acceptance loss (train --accept-loss): +0.02 chain-3 tau and
+    # held-out acc_0 at the same steps (docs/benchmarks.md, "Session 10: the ablation table").
+    accept_loss: float = 0.5
+    # The first quarter of the steps unrolls one TTT step (train --ttt-warmup): acc_0 is learned
+    # first and those steps cost a third; with the acceptance loss, chain-3 tau as high for 20%
+    # less CPU time (docs/benchmarks.md, "Session 10: the ablation table").
+    ttt_warmup_share: float = 0.25
+    eval_prompts: int = 4  # mt_bench prompts (both turns)
+    eval_tokens: int = 64
+    # "auto": eval measures the verify-cost curve and the draft's acceptance here and takes the tree
+    # that decodes fastest (a weak draft on a CPU pays only with a tiny one); or "TOTAL,DEPTH[,TOPK]".
+    tree: str = "auto"
+    seed: int = 0
+    repo_id: str | None = None  # name on the card; default <model>-eagle3
+    base_model: str | None = None  # the target's Hub id for the card (needed when --model is a local folder)
+
+
+@dataclass
+class QuickstartResult:
+    model: str
+    draft: Path
+    hub_folder: Path
+    results: dict
+    seconds: dict = field(default_factory=dict)
+
+
+def bundled_prompts(name: str = "mt_bench") -> Path:
+    return Path(str(files("eagle3cli.prompts").joinpath(f"{name}.jsonl")))
+
+
+def _model(opts: QuickstartOptions, log) -> str:
+    if opts.model:
+        return opts.model
+    from ..core.realmodels import smollm2_dir
+
+    log("[1/6] target: SmolLM2-135M-Instruct (cached after the first run)")
+    return str(smollm2_dir())
+
+
+def _prompts(opts: QuickstartOptions, log) -> Path:
+    from ..core.realmodels import write_sharegpt_subset
+
+    path = opts.out / "prompts.jsonl"
+    if path.exists():
+        return path
+    log(f"[2/6] prompts: {opts.samples} ShareGPT conversations")
+    return write_sharegpt_subset(path, opts.samples, seed=opts.seed)
+
+
+def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log) -> Path:
+    from ..data.gen_data import GenDataOptions, run
+    from ..model.target import TargetSpec
+
+    out = opts.out / "data"
+    log(f"[3/6] gen-data -> {out}" + (" (target regenerates the answers)" if opts.regenerate else
+                                      " (tokens only: the target runs during training, --online)"))
+    # Without regeneration each conversation is trained on once, so its features are computed in
+    # the training step (online) rather than written to disk and read back once.
+    run(GenDataOptions(out=out, data=str(prompts), regenerate=opts.regenerate, max_new_tokens=opts.max_new_tokens,
+                       max_length=opts.max_length, seed=opts.seed, batch_size=32, shard_size=100,
+                       features="offline" if opts.regenerate else "none"),
+        TargetSpec(model=model))
+    return out
+
+
+def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
+    from ..config.train_config import resolve
+    from ..train.trainer import checkpoint_dirs, train
+
+    out = opts.out / "draft"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        log(f"[4/6] train: {out} already holds the trained draft")
+        return out
+    resume = bool(out.exists() and checkpoint_dirs(out))
+    log(f"[4/6] train -> {out}" + (" (resuming)" if resume else ""))
+    # Held out: 5% of the conversations, at most 40 (online, each held-out token costs a target forward).
+    val_fraction = min(0.05, 40 / max(1, opts.samples))
+    flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
+                 draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
+                 max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume, val_fraction=val_fraction,
+                 eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
+                 accept_loss=opts.accept_loss, ttt_warmup=int(opts.steps * opts.ttt_warmup_share))
+    cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
+    train(cfg, recipe)
+    return out
+
+
+def _model_type(model: str) -> str | None:
+    from ..model.target import TargetSpec, load_config
+
+    return getattr(text_config(load_config(TargetSpec(model=model))), "model_type", None)
+
+
+def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
+    from ..evaluate.evaluate import EvalConfig, evaluate_spec, write_results
+    from ..publish.export import load_draft
+    from ..config.options import parse_tree
+    from ..model.target import TargetSpec, load_tokenizer
+
+    out = opts.out / "eval"
+    if (out / "results.json").exists():
+        log(f"[5/6] eval: reusing {out / 'results.json'}")
+        return json.loads((out / "results.json").read_text())
+    log(f"[5/6] eval: {opts.eval_prompts} mt_bench prompts, plain vs speculative decoding")
+    spec = TargetSpec(model=model)
+    tok = load_tokenizer(spec)
+    auto, total, depth, top_k = parse_tree(opts.tree)
+    cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=opts.eval_prompts,
+                     max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k,
+                     tree_auto=auto)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        job = bar.add_task("eval (plain + speculative)", total=opts.eval_prompts)
+        results = evaluate_spec(spec, tok, lambda target: load_draft(draft, target=target)[0].eval(), cfg,
+                                progress=lambda: bar.advance(job), log=lambda m: None)
+    results.update(target=model, draft=str(draft))
+    write_results(results, out)
+    return results
+
+
+def _base_model(opts: QuickstartOptions, model: str) -> str:
+    """The target's Hub id the card will name, settled before any work: a local --model folder of
+    unknown origin needs --base-model, and finding that out after training would waste the run."""
+    from ..publish.push import hub_id_of
+
+    return hub_id_of(model, opts.base_model, local="--model is the local folder")
+
+
+def _export(opts: QuickstartOptions, base_model: str, draft: Path, log) -> Path:
+    from ..publish.push import dry_run
+
+    out = opts.out / "hub"
+    repo = opts.repo_id or f"your-name/{base_model.split('/')[-1]}-eagle3"
+    log(f"[6/6] export: the folder `eagle3 push` would upload -> {out}")
+    dry_run(draft, out, repo, eval_results=[opts.out / "eval" / "results.json"], base_model=base_model)
+    return out
+
+
+def default_size(opts: QuickstartOptions) -> tuple[int, int, str]:
+    """(conversations, steps, why) where --samples / --steps are not given.
+
+    300 regenerated conversations and 180 steps fit 20 minutes on every 2-core CPU measured (14.5
+    min with AVX512-BF16, 18.8 with AVX2 only). On a CPU with AMX, SmolLM2 regenerates at ~270
+    tokens/s in bf16, so twice both fit too: 16.9 min, held-out simulated tau 1.44 against 1.33
+    and speedup 1.20x against 1.15x (docs/benchmarks.md, "Session 12"). Another --model keeps the
+    smaller size. Without regenerate: 600 conversations, each read once.
+    """
+    from ..decode.fast_target import has_amx_bf16
+
+    if not opts.regenerate:
+        return 600, 180, "read once, online"
+    if opts.model is None and has_amx_bf16():
+        return 600, 360, "this CPU has AMX: SmolLM2 regenerates in bf16 at ~270 tokens/s"
+    return 300, 180, "sized for 20 minutes on 2 cores"
+
+
+def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
+    opts.out = Path(opts.out)
+    samples, steps, why = default_size(opts)
+    if opts.samples is None or opts.steps is None:
+        log(f"size: {opts.samples or samples} conversations, {opts.steps or steps} training steps "
+            f"({why}; --samples / --steps to choose)")
+    opts.samples, opts.steps = opts.samples or samples, opts.steps or steps
+    opts.out.mkdir(parents=True, exist_ok=True)
+    t, seconds = time.perf_counter(), {}
+
+    def lap(name):
+        nonlocal t
+        now = time.perf_counter()
+        seconds[name] = round(now - t, 1)
+        t = now
+
+    model = _model(opts, log)
+    base_model = _base_model(opts, model)
+    lap("model")
+    prompts = _prompts(opts, log)
+    data = _gen_data(opts, model, prompts, log)
+    lap("gen-data")
+    draft = _train(opts, model, data, log)
+    lap("train")
+    results = _eval(opts, model, draft, log)
+    lap("eval")
+    hub = _export(opts, base_model, draft, log)
+    lap("export")
+    return QuickstartResult(model=model, draft=draft, hub_folder=hub, results=results, seconds=seconds)
