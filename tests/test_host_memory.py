@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # what stays resident?
 PROBE = textwrap.dedent("""
     import json, os, sys, torch
-    from eagle3cli import host_memory
+    from eagle3cli.core import host_memory
     done = host_memory.return_freed_tensors() if sys.argv[1] == "fixed" else None
     rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     a = torch.ones(30 << 18); del a
