@@ -72,6 +72,9 @@ def train(**kwargs):
     if result.stopped:
         fail(result.stopped)
     console.print(f"stopped after {result.step} optimizer steps: {result.limit}", highlight=False)
+    if cfg.keep == "best" and result.metrics.get("exported_step") is not None:
+        console.print(f"exported the weights of step {result.metrics['exported_step']}: the best measured tau, "
+                      f"{result.metrics['tau_measured']}", highlight=False)
     console.print(f"draft written to {result.out} (checkpoints in {result.out / 'checkpoints'})", highlight=False)
 
 

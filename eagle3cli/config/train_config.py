@@ -39,7 +39,10 @@ FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio
                   "val_fraction", "feature_noise", "accept_loss")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
-AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints")
+AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
+                "eval_new_tokens")
+OPTIMIZERS = ("adamw", "muon")
+KEEP = ("last", "best")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -106,6 +109,9 @@ class TrainConfig(TargetOptions):
                                    "each stream's RMS at that position (0: none).")
     # --- optimisation ---
     lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
+    optimizer: str = _f("adamw", "adamw, or muon: torch's Muon (Newton-Schulz orthogonalised momentum, its update "
+                                 "scaled to AdamW's RMS so --lr carries over) for the 2-D weights inside the draft "
+                                 "(fc, attention, MLP); the LM head and the norms stay on AdamW.")
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
     min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -126,6 +132,16 @@ class TrainConfig(TargetOptions):
     resume: bool = _f(False, "Resume from the last checkpoint in --out.")
     log_every: int = _f(10, "Update the live metrics every N steps.")
     report_to: str | None = _f(None, "Also log to: tensorboard, wandb (accelerate trackers), comma-separated.")
+    # --- acceptance measured during training (train_eval.py) ---
+    eval_every: int = _f(0, "Every N optimizer steps and at the end, decode a few held-out prompts with the draft "
+                            "(chain 3, greedy, lossless) and log the measured tau beside the simulated one (0: off).")
+    eval_prompts: str | None = _f(None, "With --eval-every: a JSONL file of {\"turns\": [...]} records (the format "
+                                        "`eagle3 eval --data` reads) whose first turns are decoded, instead of the "
+                                        "store's held-out conversations.")
+    eval_samples: int = _f(4, "With --eval-every: how many prompts are decoded.")
+    eval_new_tokens: int = _f(64, "With --eval-every: tokens decoded per prompt.")
+    keep: str = _f("last", "The draft exported at the end: last (the final weights) or best (the measured step with "
+                           "the highest measured tau; needs --eval-every).")
 
     @classmethod
     def names(cls) -> list[str]:
@@ -161,6 +177,16 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
         if self.loss_on not in LOSS_ON:
             raise TrainError(f"--loss-on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise TrainError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.eval_every < 0:
+            raise TrainError(f"--eval-every must be 0 (off) or a number of optimizer steps, got {self.eval_every}")
+        if self.keep not in KEEP:
+            raise TrainError(f"--keep must be one of {', '.join(KEEP)}, got {self.keep!r}")
+        if self.keep == "best" and not self.eval_every:
+            raise TrainError("--keep best needs --eval-every N: the steps whose measured tau it compares")
+        if self.eval_prompts and not Path(self.eval_prompts).is_file():
+            raise TrainError(f"--eval-prompts {self.eval_prompts}: no such file")
         if (self.load_in_8bit or self.load_in_4bit) and not self.online:
             raise TrainError("--load-in-8bit/--load-in-4bit only apply to --online training "
                              "(offline training uses the stored features)")

@@ -7,6 +7,9 @@
 
 A folder is complete once trainer_state.json exists; a damaged file is one TrainError that says
 which earlier checkpoint to resume from.
+
+    best/model.safetensors       with --keep best: the trainable weights of the step whose
+    best/best.json               measured tau was highest so far, and that step and tau
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..core.io_utils import write_json
 from ..config.train_config import TrainConfig, TrainError
 
 CHECKPOINTS = "checkpoints"
+BEST = "best"
 # Settings that may change between an interrupted run and its resumption (they do not change
 # the trajectory of the weights).
 RESUME_FREE = {"resume", "save_every", "keep_checkpoints", "log_every", "report_to", "out", "device",
@@ -68,6 +72,31 @@ def save_checkpoint(acc, out: Path, draft, optimizer, scheduler, state: dict, ke
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+def save_best(out: Path, draft, best: dict) -> Path:
+    """checkpoints/best/: the draft's trainable weights and {step, tau}, replaced atomically (main
+    process only). Kept apart from the step-N folders: --keep-checkpoints never prunes it."""
+    from safetensors.torch import save_file
+
+    root = out / CHECKPOINTS
+    final, tmp = root / BEST, root / f".tmp-{BEST}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(trainable_state(draft), str(tmp / "model.safetensors"))
+    write_json(tmp / "best.json", best)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def load_best(out: Path, device) -> dict:
+    """The trainable weights save_best wrote, on ``device``."""
+    from safetensors.torch import load_file
+
+    path = out / CHECKPOINTS / BEST
+    weights = _read_checkpoint_file(path, "model.safetensors", lambda p: load_file(str(p)))
+    return {k: v.to(device) for k, v in weights.items()}
 
 
 def load_checkpoint(acc, path: Path, draft, optimizer, scheduler) -> dict:

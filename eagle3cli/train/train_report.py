@@ -4,6 +4,7 @@
     RunLog          train_log.jsonl on the main process, plus the --report-to trackers
     LiveView        rich progress bar (a log file gets one line per log point instead)
     final_metrics   held-out metrics if there are any, else the last training record's
+    measured_metrics  the measured tau of the exported draft and its step (--eval-every)
     trained_on      what the card says the draft was trained on (Hub ids, never local paths)
 """
 
@@ -108,6 +109,17 @@ def final_metrics(val: dict | None, history: list, step_decay: float, device) ->
     return metrics
 
 
+def measured_metrics(history: list, best: dict | None, step: int) -> dict:
+    """--eval-every: the exported draft's measured tau and the step its weights are from (the best
+    measured step with --keep best, else the final step); {} without measurements."""
+    recs = [h for h in history if "measured" in h]
+    if not recs:
+        return {}
+    if best is not None:
+        return {"tau_measured": round(best["tau"], 3), "exported_step": best["step"]}
+    return {"tau_measured": round(recs[-1]["measured"]["tau"], 3), "exported_step": step}
+
+
 def trained_on(src: dict) -> tuple[str | None, list[str]]:
     """(data description, dataset Hub ids) of a store's ``source`` for the exported metadata."""
     datasets = src.get("datasets") or ([src["dataset"]] if isinstance(src.get("dataset"), str) else [])
@@ -153,7 +165,7 @@ def summary_table(metrics: dict, step: int, out: Path):
     table.add_column("value", justify="right")
     for s, a in enumerate(metrics.get("acc", [])):
         table.add_row(f"acc_{s} ({metrics.get('split')})", f"{a:.3f}")
-    for key in ("loss", "tau_sim", "tokens_per_s", "peak_memory_mb"):
+    for key in ("loss", "tau_sim", "tau_measured", "exported_step", "tokens_per_s", "peak_memory_mb"):
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]}")
     return table

@@ -39,15 +39,19 @@ from ..engines import engine_support
 from ..core import host_memory
 from ..model import warm_start
 from .batching import collate, make_batches, rank_groups, split_indices
-from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
+from . import train_eval
+from .checkpoints import CHECKPOINTS, checkpoint_dirs, load_best, save_best, save_checkpoint, start_state
+from .optim import make_optimizer
 from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import check_out_dir
 from ..publish.export import save_draft
 from ..data.features import FeatureStore, StoreError, check_complete, check_store, write_json
 from ..core.hf_utils import eos_token_ids, text_config
-from ..model.target import TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer, output_head
+from ..model.target import (TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer,
+                            output_head)
 from ..config.train_config import TrainConfig, TrainError, check_trackers, draft_options
-from .train_report import LOG, LiveView, Meter, RunLog, decayed_loss, final_metrics, summary_table, trained_on
+from .train_report import (LOG, LiveView, Meter, RunLog, decayed_loss, final_metrics, measured_metrics, summary_table,
+                           trained_on)
 from ..model.sharded_target import check_fsdp, fsdp_requested, no_sync, padded, prepare_draft, shard_target
 from .ttt import TTTModel, teacher_from_final, teacher_rows
 from ..model.vocab import build_vocab
@@ -249,6 +253,17 @@ def stored_dtype(config) -> str | None:
     return None
 
 
+def eval_refusal(target_config) -> str | None:
+    """Why ``eagle3 eval`` would refuse this target (the generator's own check), None if it runs it."""
+    from ..decode.generator import UnsupportedTarget, check_supported
+
+    try:
+        check_supported(target_config)
+    except UnsupportedTarget as e:
+        return str(e)
+    return None
+
+
 def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say):
     """(draft, vocab): the draft vocabulary from the store's token counts (docs/design.md §4), a
     draft on the target's frozen embedding, warm-started and/or continued from --init-from."""
@@ -263,7 +278,7 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
         options = draft_options(cfg)  # --variant, --norm-before-fc, --norm-before-residual
     except ValueError as e:
         raise TrainError(str(e)) from None
-    for line in engine_support.warnings(target_config, options):
+    for line in engine_support.warnings(target_config, options, eval_refusal(target_config)):
         say(f"[yellow]warning:[/] {line}")
     dcfg = DraftConfig.from_target(target_config, vocab.size, store.meta.layer_ids, **options)
     draft = Eagle3Draft(dcfg)
@@ -275,13 +290,15 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
     draft.init_weights(seed=cfg.seed)
     draft.set_vocab(vocab.ids)
     # The warm start first: with --init-from, rows of tokens new to its vocabulary keep it.
-    warm_start.apply(draft, warm_parts, parts.warm, vocab.ids)
+    for line in warm_start.apply(draft, warm_parts, parts.warm, vocab.ids):
+        say(line)
     parts.warm = None  # the target's layer / head copies are not needed past here
     if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
+        from ..publish.draft_check import CorruptDraft
         from ..publish.formats import FormatError, init_from
         try:
             draft, vocab = init_from(draft, vocab, counts, cfg, target_config, say)
-        except FormatError as e:
+        except (FormatError, CorruptDraft) as e:
             raise TrainError(f"--init-from: {e}") from None
     elif cfg.freeze_head and "head" in warm_parts:
         draft.lm_head.weight.requires_grad_(False)
@@ -416,6 +433,30 @@ class Trainer:
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(setup_line(self.vocab, self.layer_ids, self.recompute, self.acc.mixed_precision))
         self._plan()
+        self._setup_measure(spec)
+
+    def _setup_measure(self, spec: TargetSpec):
+        """--eval-every: the target to decode with (the online one, else loaded for the purpose, on
+        the main process only: it alone decodes) and the prompt ids, before any step is spent."""
+        cfg = self.cfg
+        self.eval_target, self.eval_ids, self.best = None, [], None
+        if not cfg.eval_every:
+            return
+        if self.sharded:
+            raise TrainError("--eval-every cannot decode with a target sharded by FSDP: drop it and run "
+                             "`eagle3 eval` on the exported draft")
+        if cfg.eval_prompts:
+            self.eval_ids = train_eval.file_prompts(cfg.eval_prompts, load_tokenizer(spec), cfg.eval_samples)
+        else:
+            self.eval_ids = train_eval.store_prompts(self.store, self.val_idx, cfg.eval_samples, self.crop)
+            if not self.eval_ids:
+                raise TrainError("--eval-every decodes held-out prompts, and this run holds none out: set "
+                                 "--val-fraction above 0 or pass --eval-prompts FILE")
+        if self.acc.is_main_process:
+            self.eval_target = self.target if cfg.online else load_target(spec)
+        self._say(f"measured acceptance: {len(self.eval_ids)} prompts x {cfg.eval_new_tokens} new tokens, chain "
+                  f"{train_eval.CHAIN_STEPS}, every {cfg.eval_every} steps and at the end"
+                  + ("; the best measured step is exported" if cfg.keep == "best" else ""))
 
     def _plan(self):
         cfg = self.cfg
@@ -479,13 +520,15 @@ class Trainer:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc = self.cfg, self.acc
         ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
-        self.params = [p for p in ttt.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
         self.step, self.history, self.val = start["step"], list(start.get("history", [])), start.get("val")
+        self.best = start.get("best")
         self.log.start(cfg.to_dict())
         self._reset_meter()
         with LiveView(self.total_steps, self.console, acc.is_main_process and not self.quiet) as self.view:
@@ -494,7 +537,11 @@ class Trainer:
         draft = acc.unwrap_model(self.model).draft
         result = TrainResult(self.out, draft, self.step, {}, self.history, stopped)
         if stopped is None:
+            if cfg.eval_every and not self._measured_at(self.step):
+                self._measure(cfg.epochs - 1)
             self._save(cfg.epochs, 0)
+            if cfg.keep == "best":
+                self._restore_best(draft)
             result.metrics = self._finish(draft)
         self.log.end()
         return result
@@ -521,6 +568,8 @@ class Trainer:
             self.step += 1
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                 self._report(epoch)
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+                self._measure(epoch)
             if self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self._save(epoch, gi + 1)
             if stop_after is not None and self.step >= stop_after:
@@ -581,6 +630,42 @@ class Trainer:
                        ", acc " + " ".join(f"{a:.2f}" for a in self.val["acc"])
                        + f", simulated tau {self.val['tau_sim']:.2f}")
 
+    def _measure(self, epoch: int):
+        """--eval-every: the measured tau of the draft as it is now (decoded on the main process),
+        logged beside the simulated one of the held-out split; with --keep best, a new best step's
+        weights are written to checkpoints/best."""
+        acc, cfg = self.acc, self.cfg
+        draft = acc.unwrap_model(self.model).draft
+        measured = torch.zeros(3, dtype=torch.float64, device=acc.device)
+        if acc.is_main_process:
+            m = train_eval.measured_tau(self.eval_target, draft, self.eval_ids, cfg.eval_new_tokens)
+            measured += torch.tensor([m.tau, m.tokens, m.forwards], dtype=torch.float64, device=acc.device)
+        tau, tokens, forwards = acc.reduce(measured, "sum").tolist()  # the others add zeros
+        sim = self.evaluate(draft)
+        rec = {"step": self.step, "epoch": epoch,
+               "measured": {"tau": tau, "prompts": len(self.eval_ids), "tokens": int(tokens),
+                            "forwards": int(forwards), "tau_sim": sim["tau_sim"] if sim else None}}
+        self.history.append(rec)
+        self.log.write(rec, self.step)
+        self.view.note(f"step {self.step}: measured tau {tau:.3f} (chain {train_eval.CHAIN_STEPS}, "
+                       f"{len(self.eval_ids)} prompts)" + (f", simulated {sim['tau_sim']:.3f}" if sim else ""))
+        if cfg.keep == "best" and (self.best is None or tau > self.best["tau"]):
+            self.best = {"step": self.step, "tau": tau}
+            if acc.is_main_process:
+                save_best(self.out, draft, self.best)
+            acc.wait_for_everyone()
+
+    def _measured_at(self, step: int) -> bool:
+        return any("measured" in h and h["step"] == step for h in self.history)
+
+    def _restore_best(self, draft):
+        """--keep best: the best measured step's weights into ``draft`` (then exported), and the
+        held-out metrics measured again on them when they are not the final step's."""
+        if self.best is None or self.best["step"] == self.step:
+            return
+        draft.load_state_dict(load_best(self.out, self.acc.device), strict=False)
+        self.val = self.evaluate(draft)
+
     def _stop_nan(self, step: int) -> str:
         last = checkpoint_dirs(self.out)
         where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"
@@ -590,7 +675,7 @@ class Trainer:
 
     def _save(self, epoch: int, group: int):
         state = {"step": self.step, "epoch": epoch, "group": group, "config": self.cfg.to_dict(),
-                 "recipe": self.recipe, "history": self.history, "val": self.val}
+                 "recipe": self.recipe, "history": self.history, "val": self.val, "best": self.best}
         save_checkpoint(self.acc, self.out, self.draft, self.optimizer, self.scheduler, state,
                         self.cfg.keep_checkpoints)
 
@@ -606,15 +691,24 @@ class Trainer:
             "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
             "draft_vocab_size": self.vocab.size, "vocab_coverage": round(self.vocab.coverage, 6),
             "recipe": self.recipe, "eagle3_version": __version__, "metrics": metrics,
-            "datasets": datasets, "created": date.today().isoformat(),
+            "end_token_ids": self.end_token_ids(), "datasets": datasets, "created": date.today().isoformat(),
             "mode": "online" if cfg.online else "offline", "mixed_precision": self.acc.mixed_precision,
             **{k: getattr(cfg, k) for k in ("loss_on", "accept_loss", "feature_noise", "ttt_warmup")}}
+
+    def end_token_ids(self) -> list[int]:
+        """The end tokens the draft vocabulary holds (docs/design.md §4): recorded so that every
+        reader can check that the exported maps still hold them (publish/draft_check.py)."""
+        ends = list(self.store.meta.end_token_ids) or _as_list(getattr(text_config(self.target_config),
+                                                                      "eos_token_id", None))
+        kept = set(self.vocab.ids.tolist())
+        return sorted(int(t) for t in set(ends) if int(t) in kept)
 
     def _finish(self, draft) -> dict:
         """Export the draft with its metadata, check it with inspect, write the summary."""
         from ..publish.inspector import inspect_draft
 
         metrics = final_metrics(self.val, self.history, self.cfg.step_decay, self.acc.device)
+        metrics.update(measured_metrics(self.history, self.best, self.step))
         if self.acc.is_main_process:
             save_draft(draft, self.out, self.metadata(self.step, metrics))
             report = inspect_draft(self.out, self.target_config)

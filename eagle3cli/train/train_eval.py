@@ -1,0 +1,107 @@
+"""Acceptance measured during training: the draft decodes a few held-out prompts with the lossless
+generator (``decode.generator.speculative_generate``: chain of 3, greedy), and the measured tau
+(tokens per target forward) is logged beside the simulated one.
+
+Loss and the simulated tau (acc_s multiplied out, ``ttt.acceptance_length``) assume the draft
+sees the target's own features at every step; at decode time it sees its own outputs, so they
+rank checkpoints less well than a decode does. ``--eval-every N`` measures every N optimizer steps
+and at the end; ``--keep best`` exports the weights of the step whose measured tau was highest.
+
+    prompts   the first --eval-samples held-out conversations of the store, each cut before its
+              first answer token (the chat template's generation prompt included), or the first
+              turns of an --eval-prompts file (the EAGLE JSONL format `eagle3 eval --data` reads)
+    tau       sum of decoded tokens / sum of verification forwards over the prompts, as
+              `eagle3 eval` computes it (evaluate.summarize)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config.train_config import TrainError
+
+CHAIN_STEPS = 3  # the chain docs/benchmarks.md's chain tau figures are measured with
+
+
+@dataclass
+class Measured:
+    tau: float
+    prompts: int
+    tokens: int  # decoded tokens over all prompts
+    forwards: int  # verification forwards over all prompts
+
+
+def store_prompts(store, indices: list[int], count: int, max_length: int) -> list[torch.Tensor]:
+    """Prompt ids [1, L] of the first ``count`` of ``indices`` that have an answer: each
+    conversation up to (not including) its first learned token, at most ``max_length`` tokens."""
+    out = []
+    for i in indices:
+        sample = store[i]
+        hit = torch.nonzero(sample["loss_mask"]).flatten()
+        if not hit.numel() or int(hit[0]) == 0:
+            continue
+        out.append(sample["input_ids"][:min(int(hit[0]), max_length)][None].long())
+        if len(out) >= count:
+            break
+    return out
+
+
+def file_prompts(path: str, tokenizer, count: int) -> list[torch.Tensor]:
+    """Prompt ids [1, L] of the first turns of the first ``count`` records of a JSONL file of
+    ``{"turns": [...]}`` records, under the tokenizer's chat template (as `eagle3 eval` encodes)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainError(f"cannot read --eval-prompts {path}: {e}") from None
+    turns = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TrainError(f"--eval-prompts {path}:{n}: not valid JSON ({e.msg})") from None
+        first = rec.get("turns") if isinstance(rec, dict) else None
+        if not isinstance(first, list) or not first or not isinstance(first[0], str):
+            raise TrainError(f"--eval-prompts {path}:{n}: expected a record with a non-empty 'turns' list of "
+                             "strings (the format `eagle3 eval --data` reads)")
+        turns.append(first[0])
+        if len(turns) >= count:
+            break
+    if not turns:
+        raise TrainError(f"--eval-prompts {path} holds no prompts")
+    return [encode(tokenizer, t) for t in turns]
+
+
+def encode(tokenizer, text: str) -> torch.Tensor:
+    """One user turn ready for the assistant's answer: the chat template's generation prompt if
+    the tokenizer has a template, else the text and a blank line (as `eagle3 eval` encodes)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    return tokenizer(text + "\n\n", return_tensors="pt").input_ids
+
+
+def measured_tau(target, draft, prompts: list[torch.Tensor], new_tokens: int, eos_token_id=None) -> Measured:
+    """Chain-3 greedy speculative decoding of each prompt (lossless: the target's own greedy
+    tokens); tau = decoded tokens / verification forwards over all prompts. The draft is used as it
+    is (the trained fp32 weights), in eval mode for the decode and restored after."""
+    from ..decode.generator import SpecSettings, speculative_generate
+
+    settings = SpecSettings(mode="chain", steps=CHAIN_STEPS, temperature=0.0, max_new_tokens=new_tokens)
+    dev = next(target.parameters()).device
+    was_training = draft.training
+    draft.eval()
+    try:
+        outs = [speculative_generate(target, draft, ids.to(dev), settings, eos_token_id=eos_token_id, seed=0)
+                for ids in prompts]
+    finally:
+        draft.train(was_training)
+    tokens, forwards = sum(o.decode_tokens for o in outs), sum(o.forwards for o in outs)
+    return Measured(tokens / forwards if forwards else float("nan"), len(outs), tokens, forwards)
