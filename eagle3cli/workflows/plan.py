@@ -1,0 +1,397 @@
+"""The quickstart's time budget: measure this machine, then size the run to fit it.
+
+``measure`` (half a minute on 2 CPU cores) loads the target and times what the run will do:
+one full decode step of gen-data's continuous batcher at the dtype regeneration computes in here
+(bf16 only where the CPU multiplies bf16 natively), a target forward (feature capture, and the
+teacher of online training), one training step with the full TTT unroll and one with a single
+step (--ttt-warmup), one plain decoding step (eval), and the token lengths of a sample of the
+data. ``make_plan`` is a pure function of those :class:`Measurements` and the flags: it picks the
+data route (regenerate where the target generates fast enough for regenerated data to pay for its
+time, else train online on the dataset's text: docs/benchmarks.md, "Which data pays for the
+time"), then the eval size, then the conversations and steps that fill the rest of the budget,
+and says why in one line each. The arithmetic is ``core.estimate``'s, which gen-data and train
+use for their own estimates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..core.errors import Eagle3Error
+from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
+
+
+class BudgetError(Eagle3Error, ValueError):
+    """The budget cannot hold even the smallest run (the message gives the minimum)."""
+
+
+# Regenerated data pays for its time where the target generates at least this many tokens/s in a
+# whole gen-data run. Measured on 2 cores (docs/benchmarks.md, "Which data pays for the time"):
+# at 60 tokens/s (fp32) the dataset's text trained online reached a higher mt_bench tau for the
+# same CPU time; at 155 (bf16) regenerating was as cheap in wall time and at least as good. On
+# AVX2-only cores fp32 regeneration ran at 84-92: online there too.
+REGEN_PAYS_TOKENS_PER_S = 100.0
+EPOCHS_REGENERATED = 3  # the draft is data-bound: each regenerated conversation is read 3 times
+PACKING = 0.88  # real tokens per --max-tokens of a token-budget batch (the rest: a last sample that did not fit)
+MIN_STEPS = 20  # fewer optimizer steps train no draft worth measuring
+EVAL_PROMPTS_PER_20_MIN = 4  # mt_bench prompts (2 turns each); at least 2, at most 16
+EVAL_TURNS = 2
+# Fixed costs the measurements do not cover, per stage: reading and checking the data, building the
+# vocabulary, the eval's tree calibration (--tree auto), writing the Hub folder.
+SETUP_S = {"gen-data": 10.0, "train": 15.0, "eval": 45.0, "export": 5.0}
+USE_OF_BUDGET = 0.92  # the plan fills this share: the rest absorbs a machine that gets busier
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What ``measure`` found on this machine (seconds, tokens/s)."""
+
+    cpu: str  # its class: "AMX", "AVX512-BF16", "AVX-512", "AVX2", ...
+    threads: int
+    regen_dtype: str  # what gen-data's regeneration computes in here
+    regen_bound: float  # generated tokens/s of one full decode step of the batcher's slots
+    forward_tokens_per_s: float  # target forward (feature capture; online training's teacher)
+    step_s: float  # one training step of max_tokens tokens, full TTT unroll, features given
+    warmup_step_s: float  # the same with one TTT step (--ttt-warmup)
+    decode_token_s: float  # one plain decoding step of one row (eval)
+    load_s: float  # loading the target
+    spent_s: float  # already spent when planning (model preparation, data, these measurements)
+    answer_tokens: float  # tokens the target will generate per conversation (sampled data)
+    regenerated_tokens: float  # tokens a regenerated conversation stores (prompts + answers)
+    text_tokens: float  # tokens of a conversation of the dataset's own text, cut at max_length
+
+
+@dataclass
+class PlanFlags:
+    """What the user fixed; None: the planner chooses."""
+
+    budget_min: float = 20.0
+    regenerate: bool | None = None
+    samples: int | None = None
+    steps: int | None = None
+    eval_prompts: int | None = None
+    max_tokens: int = 1024
+    ttt_warmup_share: float = 0.25
+    eval_tokens: int = 64
+    val_fraction: float = 0.05  # of the conversations, at most val_max
+    val_max: int = 40
+
+
+@dataclass
+class Plan:
+    regenerate: bool
+    conversations: int
+    steps: int
+    warmup_steps: int
+    eval_prompts: int
+    seconds: dict = field(default_factory=dict)  # stage -> planned seconds
+    reasons: list[str] = field(default_factory=list)  # one line each: data, size, eval, total
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+
+# ---------------------------------------------------------------------------------- the plan
+
+
+def regen_pays(m: Measurements) -> bool:
+    return regen_rate(m.regen_bound, m.regen_dtype) >= REGEN_PAYS_TOKENS_PER_S
+
+
+def eval_seconds(m: Measurements, f: PlanFlags, prompts: int) -> float:
+    """Plain decoding twice (HF generate and the fast path) and speculative decoding, per token."""
+    return SETUP_S["eval"] + prompts * EVAL_TURNS * f.eval_tokens * 3 * m.decode_token_s
+
+
+def _val(f: PlanFlags, conversations: int) -> int:
+    return min(f.val_max, math.floor(conversations * f.val_fraction))
+
+
+def per_step_seconds(m: Measurements, f: PlanFlags, online: bool) -> tuple[float, float]:
+    """(full, warm-up) step seconds; online adds the target's forward over the step's tokens."""
+    extra = f.max_tokens / m.forward_tokens_per_s if online else 0.0
+    return m.step_s + extra, m.warmup_step_s + extra
+
+
+def stage_seconds(m: Measurements, f: PlanFlags, regenerate: bool, conversations: int, steps: int) -> dict:
+    """Planned seconds of gen-data and train for this size (core.estimate's cost model)."""
+    warm = int(steps * f.ttt_warmup_share)
+    full_s, warm_s = per_step_seconds(m, f, online=not regenerate)
+    train = SETUP_S["train"] + m.load_s + train_seconds(steps, warm, full_s, warm_s)
+    # held-out evaluation at each epoch's end: a forward-only unroll (about a third of a step's cost)
+    tokens = m.regenerated_tokens if regenerate else m.text_tokens
+    epochs = EPOCHS_REGENERATED if regenerate else 1
+    val_tokens = _val(f, conversations) * tokens * epochs
+    train += val_tokens / f.max_tokens * (full_s / 3 + (0 if regenerate else f.max_tokens / m.forward_tokens_per_s))
+    data = SETUP_S["gen-data"]
+    if regenerate:
+        data += m.load_s + regen_seconds(conversations * m.answer_tokens, m.regen_bound, m.regen_dtype)
+        data += conversations * m.regenerated_tokens / m.forward_tokens_per_s  # feature capture
+    return {"gen-data": data, "train": train}
+
+
+def steps_for(m: Measurements, f: PlanFlags, regenerate: bool, conversations: int) -> int:
+    tokens = m.regenerated_tokens if regenerate else m.text_tokens
+    epochs = EPOCHS_REGENERATED if regenerate else 1
+    return max(1, round(conversations * tokens * epochs / (f.max_tokens * PACKING)))
+
+
+def conversations_for(m: Measurements, f: PlanFlags, regenerate: bool, steps: int) -> int:
+    tokens = m.regenerated_tokens if regenerate else m.text_tokens
+    epochs = EPOCHS_REGENERATED if regenerate else 1
+    return max(1, math.ceil(steps * f.max_tokens * PACKING / (tokens * epochs)))
+
+
+def _sized(m: Measurements, f: PlanFlags, regenerate: bool, conversations: int) -> tuple[int, int]:
+    """(conversations, steps) from a conversation count, --samples / --steps winning."""
+    if f.samples is not None and f.steps is not None:
+        return f.samples, f.steps
+    if f.steps is not None:
+        return conversations_for(m, f, regenerate, f.steps), f.steps
+    n = f.samples if f.samples is not None else conversations
+    return n, steps_for(m, f, regenerate, n)
+
+
+def _fit(m: Measurements, f: PlanFlags, regenerate: bool, room: float) -> int:
+    """The most conversations whose gen-data + train fit ``room`` seconds (0 if none)."""
+    lo, hi = 0, 1
+    while sum(stage_seconds(m, f, regenerate, *_sized(m, f, regenerate, hi)).values()) <= room and hi < 1 << 22:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if sum(stage_seconds(m, f, regenerate, *_sized(m, f, regenerate, mid)).values()) <= room:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def minimum_seconds(m: Measurements, f: PlanFlags, regenerate: bool) -> float:
+    """The smallest run: MIN_STEPS steps on the data they need, one eval prompt, every fixed cost."""
+    n = conversations_for(m, f, regenerate, MIN_STEPS)
+    fixed = m.spent_s + m.load_s + SETUP_S["export"]
+    return (fixed + sum(stage_seconds(m, f, regenerate, n, MIN_STEPS).values()) + eval_seconds(m, f, 1)) / USE_OF_BUDGET
+
+
+def make_plan(m: Measurements, f: PlanFlags) -> Plan:
+    """Size the quickstart to end within ``f.budget_min`` (a pure function: the tests call it)."""
+    rate = regen_rate(m.regen_bound, m.regen_dtype)
+    if f.regenerate is None:
+        regenerate = regen_pays(m)
+        why = (f"regenerate: the target generates ~{rate:.0f} tokens/s here ({m.regen_dtype}), at or above the "
+               f"~{REGEN_PAYS_TOKENS_PER_S:.0f} where regenerated data pays for its time" if regenerate else
+               f"the dataset's text, trained online: regeneration would run at ~{rate:.0f} tokens/s here "
+               f"({m.regen_dtype}), below the ~{REGEN_PAYS_TOKENS_PER_S:.0f} where it pays for its time")
+    else:
+        regenerate = f.regenerate
+        why = ("regenerate" if regenerate else "the dataset's text, trained online") + " (as asked)"
+    budget = f.budget_min * 60
+    minimum = minimum_seconds(m, f, regenerate)
+    if budget < minimum:
+        raise BudgetError(f"--budget {f.budget_min:g} is below the {math.ceil(minimum / 60)} minutes this machine "
+                          f"needs for the smallest run ({MIN_STEPS} training steps, 1 eval prompt): give "
+                          f"--budget {math.ceil(minimum / 60)} or more")
+    prompts = f.eval_prompts or min(16, max(2, round(EVAL_PROMPTS_PER_20_MIN * f.budget_min / 20)))
+    if not f.eval_prompts and budget < minimum / USE_OF_BUDGET + eval_seconds(m, f, prompts) - eval_seconds(m, f, 1):
+        prompts = 1  # a budget near the minimum keeps the one prompt the minimum counts
+    fixed = {"measure": m.spent_s, "eval": m.load_s + eval_seconds(m, f, prompts), "export": SETUP_S["export"]}
+    room = budget * USE_OF_BUDGET - sum(fixed.values())
+    n, steps = _sized(m, f, regenerate, max(1, _fit(m, f, regenerate, room)))
+    seconds = {"measure": fixed.pop("measure"), **stage_seconds(m, f, regenerate, n, steps), **fixed}
+    plan = Plan(regenerate, n, steps, int(steps * f.ttt_warmup_share), prompts, seconds)
+    given = [x for x, v in (("--samples", f.samples), ("--steps", f.steps)) if v is not None]
+    epochs = f"{EPOCHS_REGENERATED} epochs" if regenerate else "each read once"
+    plan.reasons = [
+        f"data: {why}",
+        f"size: {n} conversations, {steps} steps of {f.max_tokens} tokens ({epochs}; "
+        + (f"{' and '.join(given)} as given" if given else "the most that fit the budget") + ")",
+        f"eval: {prompts} mt_bench prompt{'s' if prompts != 1 else ''}, both turns"
+        + (" (as asked)" if f.eval_prompts else f" ({EVAL_PROMPTS_PER_20_MIN} per 20 minutes of budget, 2 to 16)"),
+        "time: " + " + ".join(f"{k} {minutes_text(v)}" for k, v in seconds.items())
+        + f" = {minutes_text(plan.total_s)} of the {f.budget_min:g}-minute budget",
+    ]
+    if plan.total_s > budget:
+        plan.reasons.append(f"note: {' and '.join(given) or '--eval-prompts'} make the run longer than --budget "
+                            f"{f.budget_min:g}")
+    return plan
+
+
+def measurement_lines(m: Measurements) -> list[str]:
+    return [
+        f"cpu: {m.cpu}, {m.threads} threads",
+        f"regeneration: {m.regen_bound:,.0f} tokens/s for a full batch step in {m.regen_dtype} "
+        f"(~{regen_rate(m.regen_bound, m.regen_dtype):,.0f} over a whole run)",
+        f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s; plain decoding {1000 * m.decode_token_s:.0f} ms/token",
+        f"training step: {m.step_s:.2f} s (full TTT unroll), {m.warmup_step_s:.2f} s (one TTT step)",
+        f"data: ~{m.answer_tokens:.0f} generated tokens and ~{m.regenerated_tokens:.0f} stored per regenerated "
+        f"conversation, ~{m.text_tokens:.0f} of the dataset's own text",
+        f"load {m.load_s:.1f} s; {m.spent_s:.0f} s spent before planning",
+    ]
+
+
+def as_dict(m: Measurements, p: Plan) -> dict:
+    return {"measurements": asdict(m), "plan": {**asdict(p), "total_s": p.total_s}}
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+
+def cpu_class() -> str:
+    from ..decode.fast_target import cpu_has
+
+    for name, feature in (("AMX", "amx_tile"), ("AVX512-BF16", "avx512_bf16"), ("AVX-512", "avx512"),
+                          ("AVX2", "avx2")):
+        if cpu_has(feature):
+            return name
+    return "no AVX2"
+
+
+def _median_s(fn, repeats: int) -> float:
+    fn()  # warm-up: allocation, weight packing
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
+
+
+def regen_bound(model, dtype_name: str, slots: int, prefix: int) -> float:
+    """Generated tokens/s of one decode step of ``slots`` conversations after ``prefix`` tokens each,
+    on the engine gen-data regenerates with (continuous batching where the target takes it)."""
+    import torch
+
+    from ..decode.batch_decode import SlotTarget
+    from ..decode.fast_target import unsupported_reason
+
+    if unsupported_reason(model) is not None:  # gen-data's static batches: one HF step of them all
+        from transformers import DynamicCache
+
+        ids = torch.randint(3, 100, (slots, prefix))
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+
+            def step():
+                model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+                cache.crop(prefix)
+            return slots / _median_s(step, 3)
+    target = SlotTarget(model, slots, prefix + 8, dtype=getattr(torch, dtype_name))
+    for s in range(slots):
+        target.prefill(s, torch.randint(3, 100, (prefix,)).tolist(), 0)
+    tokens, lengths = torch.randint(3, 100, (slots,)), torch.full((slots,), prefix)
+    with torch.no_grad():
+        return slots / _median_s(lambda: target.decode(tokens, lengths), 3)
+
+
+def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
+                       draft_vocab: int = 8192) -> tuple[float, float]:
+    """(full unroll, one TTT step) seconds of one offline training step of ``max_tokens`` tokens:
+    the teacher from the target's final states, the draft's unroll forward and backward, AdamW.
+    The trainer's own pieces on random token ids (the cost does not depend on the text)."""
+    import torch
+
+    from ..model.draft import DraftConfig, Eagle3Draft
+    from ..model.target import capture, input_embeddings, output_head
+    from ..train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes
+    from ..train.ttt import TTTModel, teacher_from_final, teacher_rows
+
+    vocab = output_head(model).weight.shape[0]
+    dv = min(draft_vocab, vocab)
+    dcfg = DraftConfig.from_target(model.config, dv, layer_ids)
+    draft = Eagle3Draft(dcfg)
+    draft.set_embedding(input_embeddings(model).weight.detach().cpu())
+    draft.init_weights(seed=0)
+    vocab_ids = torch.arange(dv)
+    draft.set_vocab(vocab_ids)
+    recompute = kept_activation_bytes(max_tokens, ttt_steps, dcfg) > RECOMPUTE_ABOVE
+    ttt = TTTModel(draft, ttt_steps, 0.8, recompute=recompute, accept_weight=accept_loss)
+    opt = torch.optim.AdamW([p for p in ttt.parameters() if p.requires_grad], lr=1e-4)
+    rows = 2
+    ids = torch.randint(3, vocab, (rows, max_tokens // rows))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        aux, final = capture(model, ids, layer_ids)
+
+    def step(active):
+        ttt.active = active
+        teacher = teacher_from_final(model, final, vocab_ids, teacher_rows(mask), full_argmax=False)
+        out = ttt(ids, aux, mask, teacher.probs, teacher.index, teacher.slot)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _median_s(lambda: step(None), 1), _median_s(lambda: step(1), 1)
+
+
+def forward_tokens_per_s(model, layer_ids, tokens: int) -> float:
+    import torch
+
+    from ..model.target import capture
+
+    ids = torch.randint(3, 100, (2, tokens // 2))
+    with torch.no_grad():
+        return tokens / _median_s(lambda: capture(model, ids, layer_ids), 1)
+
+
+def decode_token_seconds(model, prefix: int = 128) -> float:
+    """One plain decoding step of one row after ``prefix`` tokens (HF forward with a cache)."""
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.randint(3, 100, (1, prefix))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+
+        def step():
+            model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+            cache.crop(prefix)
+        return _median_s(step, 5)
+
+
+def data_lengths(tokenizer, conversations, max_new_tokens: int, max_length: int) -> tuple[float, float, float]:
+    """(generated tokens, stored tokens per regenerated conversation, tokens of the dataset's own
+    text) per conversation, from a sample. Each message counts its tokens plus 8 for the template."""
+    turns_of, texts = [], []
+    for c in conversations:
+        lengths = {id(m): len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) + 8 for m in c.messages}
+        texts.append(min(max_length, sum(lengths.values())))
+        users = [lengths[id(m)] for m in c.messages if m["role"] == "user"]
+        answers = [lengths[id(m)] for m in c.messages if m["role"] == "assistant"] + [max_new_tokens] * len(users)
+        turns_of.append(list(zip(users, answers)))
+    answer, stored = mean_regenerated(turns_of, max_new_tokens, max_length)
+    return answer, stored, sum(texts) / max(1, len(texts))
+
+
+def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tokens: int, ttt_steps: int,
+            accept_loss: float, started: float, slots: int = 32) -> Measurements:
+    """Time this machine on ``model_id`` (see the module docstring); ``sample``: conversations of
+    the data the run will use; ``started``: perf_counter() when the run began."""
+    import torch
+
+    from ..data.regenerate import regen_dtype
+    from ..model.layers import choose_layers
+    from ..model.target import TargetSpec, load_target, load_tokenizer, model_device
+
+    t0 = time.perf_counter()
+    spec = TargetSpec(model=model_id)
+    model = load_target(spec)
+    load_s = time.perf_counter() - t0
+    device = str(model_device(model))
+    dtype = regen_dtype("auto", model.config, device, model.dtype)
+    layers = choose_layers(model.config, warn=False).ids
+    prefix = min(max_length, 256)
+    bound = regen_bound(model, dtype, slots, prefix)
+    forward = forward_tokens_per_s(model, layers, max_tokens)
+    step_s, warm_s = train_step_seconds(model, layers, max_tokens, ttt_steps, accept_loss)
+    decode_s = decode_token_seconds(model)
+    answer, stored, text = data_lengths(load_tokenizer(spec), sample, max_new_tokens, max_length)
+    return Measurements(cpu=cpu_class() if device == "cpu" else device, threads=torch.get_num_threads(),
+                        regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward, step_s=step_s,
+                        warmup_step_s=warm_s, decode_token_s=decode_s, load_s=load_s,
+                        spent_s=time.perf_counter() - started, answer_tokens=answer, regenerated_tokens=stored,
+                        text_tokens=text)

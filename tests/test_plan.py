@@ -1,0 +1,89 @@
+"""The quickstart's planner as a pure function of measurements and flags, and the estimate arithmetic
+gen-data and train share with it."""
+
+import dataclasses
+
+import pytest
+
+from eagle3cli.core.estimate import eta_line, minutes_text, regen_rate, regenerated, train_seconds
+from eagle3cli.workflows.plan import (
+    MIN_STEPS, REGEN_PAYS_TOKENS_PER_S, BudgetError, Measurements, PlanFlags, make_plan, stage_seconds)
+
+# About what the 2-core AMD EPYC with AVX512-BF16 measures for SmolLM2 (bf16 regeneration)
+FAST = Measurements(cpu="AVX512-BF16", threads=2, regen_dtype="bfloat16", regen_bound=210.0,
+                    forward_tokens_per_s=2500.0, step_s=2.0, warmup_step_s=0.8, decode_token_s=0.06, load_s=2.0,
+                    spent_s=40.0, answer_tokens=120.0, regenerated_tokens=240.0, text_tokens=420.0)
+# The same cores without bf16: regeneration in fp32 at about half the rate
+SLOW = dataclasses.replace(FAST, cpu="AVX2", regen_dtype="float32", regen_bound=140.0, step_s=2.6, warmup_step_s=1.0)
+
+
+def test_estimate_arithmetic():
+    # a cut answer ends the conversation; a prompt reaching max_length is not answered
+    assert regenerated([(20, 50), (30, 40)], max_new_tokens=128, max_length=512) == (90, 140)
+    assert regenerated([(20, 500), (30, 40)], max_new_tokens=128, max_length=512) == (128, 148)
+    assert regenerated([(20, 50), (500, 40)], max_new_tokens=128, max_length=512) == (50, 70)
+    assert regen_rate(100.0, "bfloat16") == pytest.approx(76.0) and regen_rate(100.0, "float32") == pytest.approx(59.0)
+    assert train_seconds(100, 25, 2.0, 0.5) == pytest.approx(25 * 0.5 + 75 * 2.0)
+    assert minutes_text(40) == "~40 s" and minutes_text(600) == "~10 min" and minutes_text(7200) == "~2.0 h"
+    assert eta_line("train", 60000, "tokens", 100.0) == "train: ~10 min for 60,000 tokens at the measured 100 tokens/s"
+
+
+def test_route_follows_the_measured_generation_rate():
+    fast, slow = make_plan(FAST, PlanFlags(budget_min=20)), make_plan(SLOW, PlanFlags(budget_min=20))
+    assert regen_rate(FAST.regen_bound, "bfloat16") >= REGEN_PAYS_TOKENS_PER_S > regen_rate(SLOW.regen_bound, "float32")
+    assert fast.regenerate is True and slow.regenerate is False
+    assert fast.reasons[0].startswith("data: regenerate") and "bfloat16" in fast.reasons[0]
+    assert slow.reasons[0].startswith("data: the dataset's text, trained online") and "float32" in slow.reasons[0]
+    assert slow.seconds["gen-data"] == pytest.approx(10.0)  # tokens only: no model, no generation
+    # asked for, the route is kept and said so
+    forced = make_plan(SLOW, PlanFlags(budget_min=20, regenerate=True))
+    assert forced.regenerate is True and forced.reasons[0] == "data: regenerate (as asked)"
+
+
+@pytest.mark.parametrize("m", [FAST, SLOW])
+def test_a_bigger_budget_plans_more_and_every_plan_fits(m):
+    plans = [make_plan(m, PlanFlags(budget_min=b)) for b in (10, 20, 40)]
+    for b, p in zip((10, 20, 40), plans):
+        assert p.total_s <= b * 60
+        assert p.total_s >= 0.85 * b * 60  # it uses the budget, not a fixed size
+        assert p.steps >= MIN_STEPS and p.warmup_steps == int(p.steps * 0.25)
+        # the parts add up: the stage costs of this size, and the fixed ones
+        assert {k: pytest.approx(v) for k, v in stage_seconds(m, PlanFlags(budget_min=b), p.regenerate,
+                                                              p.conversations, p.steps).items()} == \
+            {k: p.seconds[k] for k in ("gen-data", "train")}
+        assert p.seconds["measure"] == m.spent_s
+    assert plans[0].conversations < plans[1].conversations < plans[2].conversations
+    assert plans[0].steps < plans[1].steps < plans[2].steps
+    assert [p.eval_prompts for p in plans] == [2, 4, 8]
+    assert len(plans[1].reasons) == 4 and plans[1].reasons[-1].endswith("of the 20-minute budget")
+
+
+def test_regenerated_data_is_read_three_times_and_online_once():
+    p = make_plan(FAST, PlanFlags(budget_min=20))
+    tokens = p.conversations * FAST.regenerated_tokens
+    assert p.steps == round(3 * tokens / (1024 * 0.88))
+    q = make_plan(SLOW, PlanFlags(budget_min=20))
+    assert q.steps == round(q.conversations * SLOW.text_tokens / (1024 * 0.88))
+
+
+def test_given_sizes_win_and_an_overrun_is_said():
+    p = make_plan(FAST, PlanFlags(budget_min=20, samples=100))
+    assert p.conversations == 100 and p.steps == round(3 * 100 * 240 / (1024 * 0.88))
+    assert "--samples as given" in p.reasons[1]
+    p = make_plan(FAST, PlanFlags(budget_min=20, steps=50, eval_prompts=3))
+    assert p.steps == 50 and p.eval_prompts == 3 and "(as asked)" in p.reasons[2]
+    big = make_plan(FAST, PlanFlags(budget_min=20, samples=5000, steps=4000))
+    assert big.total_s > 20 * 60 and big.reasons[-1].startswith("note: --samples and --steps make the run longer")
+
+
+def test_a_budget_below_the_minimum_is_refused_with_the_minimum():
+    with pytest.raises(BudgetError) as e:
+        make_plan(FAST, PlanFlags(budget_min=1))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--budget 1 is below the ")
+    minimum = int(msg.split("give --budget ")[1].split()[0])
+    assert minimum >= 2
+    p = make_plan(FAST, PlanFlags(budget_min=minimum))  # the minimum stated is enough
+    assert p.steps >= MIN_STEPS and p.total_s <= minimum * 60
+    with pytest.raises(BudgetError):
+        make_plan(FAST, PlanFlags(budget_min=minimum - 1))
