@@ -57,7 +57,7 @@ def push(
                        eval_results=eval_results, commit_message=commit_message, license=license,
                        base_model=base_model, dataset_ids=dataset_id, gguf=opts)
     except lib.DraftRejected as e:
-        for p in e.problems:
+        for p in e.problems if len(e.problems) > 1 else ():  # one problem: the error line says it
             console.print(f"  - {p}", highlight=False)
         fail(str(e))
     typer.echo(f"pushed {', '.join(res.files)} to {res.repo_url}")

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..model.draft import DraftConfig, Eagle3Draft
@@ -153,12 +152,21 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
     out.mkdir(parents=True, exist_ok=True)
     tensors = exported_state_dict(draft, dtype)
     tmp = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    save_file(tensors, str(tmp), metadata=weights_metadata(tensors))
     os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a published draft is world-readable
     tmp.replace(out / WEIGHTS)
     config = engine_config(draft.config, dtype, metadata)
     write_json(out / CONFIG, config)
     return out
+
+
+def weights_metadata(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The safetensors header metadata of a draft: the format tag loaders read, and the digest of
+    the tensors that every reader compares (``draft_check.read_weights``): a file damaged after
+    export is refused, not served."""
+    from .draft_check import DIGEST_KEY, weights_digest
+
+    return {"format": "pt", DIGEST_KEY: weights_digest(tensors)}
 
 
 def draft_config_from_json(d: dict) -> DraftConfig:
@@ -216,18 +224,29 @@ class IncompleteDraft(Eagle3Error, ValueError):
 
 
 def read_config(draft_dir: str | Path) -> dict:
+    """config.json as a JSON object (anything else is one line, ``draft_check.CorruptDraft``)."""
+    from .draft_check import CorruptDraft
+
     p = Path(draft_dir) / CONFIG
     if not p.exists():
         raise MissingDraftFile(f"{draft_dir} has no {CONFIG}: not a draft directory")
-    return json.loads(p.read_text())
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # JSON or UTF-8
+        raise CorruptDraft(f"{p}: not valid JSON ({e}): export or download it again") from None
+    if not isinstance(d, dict):
+        raise CorruptDraft(f"{p} holds a JSON {type(d).__name__}, not an object: export or download it again")
+    return d
 
 
 def read_tensors(draft_dir: str | Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, any damage one line (``draft_check.read_weights``)."""
+    from .draft_check import read_weights
+
     p = Path(draft_dir) / WEIGHTS
     if not p.exists():
         raise MissingDraftFile(f"{draft_dir} has no {WEIGHTS}")
-    with safe_open(str(p), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    return read_weights(p)
 
 
 def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = torch.float32,
@@ -237,12 +256,16 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     ``target`` (a loaded HF model) supplies the frozen embedding when the draft does not
     ship one. ``dtype=None`` keeps the stored dtype (bit-exact round trips).
     """
+    from .draft_check import check_draft
+
     d = read_config(draft_dir)
+    check_draft(d, None, draft_dir)  # before the config is used for anything
     cfg = draft_config_from_json(d)
     tensors = read_tensors(draft_dir)
     missing = [n for n in required_weights(cfg) if n not in tensors]
     if missing:
         raise IncompleteDraft(f"{draft_dir}: missing tensors {missing}; run `eagle3 inspect {draft_dir}`")
+    check_draft(d, tensors, draft_dir, end_token_ids=(d.get(METADATA_KEY) or {}).get("end_token_ids"))
     draft, _ = draft_from_tensors(cfg, tensors, target, dtype, strict=False)
     return draft.to(device), d
 

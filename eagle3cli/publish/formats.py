@@ -38,6 +38,7 @@ import torch
 
 from ..model.draft import OPTION_KEYS, Eagle3Draft
 from ..core.errors import Eagle3Error
+from .draft_check import CorruptDraft, check_draft, config_problems, read_weights
 from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS, OPTIONAL_WEIGHTS,
     REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json, draft_from_tensors, expected_shapes, exported_state_dict,
@@ -145,12 +146,8 @@ def _safetensors_names(p: Path) -> list[str]:
 
 def _load_tensors(d: Path, note: ReadNote) -> dict[str, torch.Tensor]:
     if (d / WEIGHTS).exists():
-        from safetensors import safe_open
-
         note.weights_file = str(d / WEIGHTS)
-        _safetensors_names(d / WEIGHTS)
-        with safe_open(str(d / WEIGHTS), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+        return read_weights(d / WEIGHTS)
     p = d / PICKLE
     note.weights_file = str(p)
     return load_pickle_weights(p)
@@ -186,10 +183,16 @@ def read_draft(path: str | Path, target_config=None, target=None, dtype: torch.d
     fmt = detect_format(d)
     note = ReadNote(format=fmt, path=str(d))
     raw = _json(d / CONFIG)
+    broken = config_problems(raw, required=False)  # the types the format readers below rely on
+    if broken:
+        raise CorruptDraft(f"{d / broken[0]}")
     tensors = _load_tensors(d, note)
     cfg, tensors = _NORMALISE[fmt](raw, tensors, note)
     tensors = _rename(tensors, note)
     _check_supported(cfg, tensors, note)
+    # Every key and tensor against the contract, before anything is built from them (draft_check).
+    ends = (raw.get(METADATA_KEY) or {}).get("end_token_ids")
+    check_draft(cfg, tensors, d, note.weights_file, end_token_ids=ends)
     cfg["eagle_aux_hidden_state_layer_ids"] = _layer_ids(cfg, note, target_config, layer_ids)
     if target_config is not None:
         _fit_positions(cfg, target_config, note)
@@ -489,7 +492,7 @@ def write_draft(draft: Eagle3Draft, out_dir: str | Path, to: str = "ours", metad
 def _write_speculators(draft: Eagle3Draft, out: Path, dtype, metadata, target_name, embed_known) -> Path:
     from safetensors.torch import save_file
 
-    from .export import DTYPE_NAMES, engine_config
+    from .export import DTYPE_NAMES, engine_config, weights_metadata
 
     cfg = draft.config
     ours = engine_config(cfg, dtype)
@@ -532,7 +535,7 @@ def _write_speculators(draft: Eagle3Draft, out: Path, dtype, metadata, target_na
     tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    save_file(tensors, str(tmp), metadata=weights_metadata(tensors))
     os.chmod(tmp, default_file_mode())
     tmp.replace(out / WEIGHTS)
     write_json(out / CONFIG, config)

@@ -11,17 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from ..engines import engine_support
+from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, geometry, read_weights, tensor_problems
 from .export import (
-    CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, OPTIONAL_WEIGHTS, WEIGHTS, draft_config_from_json,
-    expected_shapes, options_from_json, required_weights)
+    CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTIONAL_WEIGHTS, WEIGHTS,
+    options_from_json, required_weights)
 from ..model.layers import default_layer_ids, num_layers, text_config
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
-REQUIRED_KEYS = ["hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
-                 "max_position_embeddings"]
 
 
 @dataclass
@@ -39,6 +37,11 @@ def inspect_draft(draft_dir: str | Path, target_config=None) -> InspectReport:
     rep = InspectReport(str(draft_dir))
     cfg = _read_config(Path(draft_dir), rep)
     if cfg is None:
+        return rep
+    broken = config_problems(cfg, required=False)  # wrong types or absurd values: nothing below can use them
+    if broken:
+        rep.problems += broken
+        rep.summary["engines"] = {"vllm": False, "sglang": False}
         return rep
     _check_config(cfg, rep)
     ids = _check_layer_ids(cfg, rep)
@@ -127,13 +130,8 @@ def _check_layer_ids(cfg: dict, rep: InspectReport) -> tuple[int, ...] | None:
     if sgl is None:
         rep.problems.append("config: eagle_config.eagle_aux_hidden_state_layer_ids is missing (SGLang then "
                             "captures its default layers)")
-    if top is not None and sgl is not None and [k + 1 for k in sgl] != list(top):
-        rep.problems.append(f"config: layer-id keys disagree: top-level {list(top)} (input of layer j) vs "
-                            f"eagle_config {list(sgl)} (output of layer j-1 expected {[j - 1 for j in top]})")
     ids = tuple(top) if top is not None else (tuple(k + 1 for k in sgl) if sgl is not None else None)
-    if ids is not None:
-        if len(ids) != 3:
-            rep.problems.append(f"config: {len(ids)} aux layer ids {list(ids)}; EAGLE-3 fuses exactly 3")
+    if ids is not None:  # three, agreeing (draft_check.config_problems)
         rep.summary["layers_j"] = list(ids)
         rep.summary["layers_j_minus_1"] = [j - 1 for j in ids]
     return ids
@@ -146,27 +144,16 @@ def _read_tensors(d: Path, rep: InspectReport) -> dict[str, tuple] | None:
         extra = f" (found {pickles}: pickle files are not loaded; convert to safetensors)" if pickles else ""
         rep.problems.append(f"weights: {WEIGHTS} is missing{extra}")
         return None
-    from safetensors import SafetensorError
-
-    out = {}
     try:
-        with safe_open(str(p), framework="pt") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-    except SafetensorError as e:  # truncated (an interrupted copy) or not safetensors at all
-        rep.problems.append(f"weights: {WEIGHTS} is unreadable ({e}): export or download it again")
+        return read_weights(p)
+    except UnreadableWeights as e:  # truncated (an interrupted copy), not safetensors, changed after export
+        what = f"is {e.reason}" if e.reason.startswith("unreadable") else f": {e.reason}"
+        rep.problems.append(f"weights: {WEIGHTS} {what}: export or download it again".replace(" :", ":"))
         return None
-    return out
 
 
 def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectReport):
-    try:
-        dcfg = draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
-                                       "norm_before_fc": cfg.get("norm_before_fc") and not cfg.get("fc_norm")})
-    except ValueError as e:
-        rep.problems.append(f"config: {e}")
-        return
-    shapes = expected_shapes(dcfg)
+    dcfg = geometry(cfg)
     required = required_weights(dcfg)
     flags = {n: "fc_norm" for n in FC_NORM_WEIGHTS} | {INPUT_NORM_WEIGHT: "norm_before_fc"}
     for name in tensors:
@@ -185,10 +172,8 @@ def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectRepo
             what = (f"the config sets {flags[name]}, the engines then leave that norm at ones" if name in flags
                     else "the engine leaves that weight random")
             rep.problems.append(f"tensor {name}: missing ({what})")
-    for name, t in tensors.items():
-        bare = name[len("model."):] if name.startswith("model.") else name
-        if bare in shapes and tuple(t.shape) != shapes[bare]:
-            rep.problems.append(f"shape of {bare}: {tuple(t.shape)}, config implies {shapes[bare]}")
+    ends = (cfg.get(METADATA_KEY) or {}).get("end_token_ids")
+    rep.problems += tensor_problems(dcfg, tensors, end_token_ids=ends)  # shapes, dtypes, finite, vocab maps
     if dcfg.hidden_size != dcfg.target_hidden_size and "embed_tokens.weight" not in tensors:
         rep.problems.append("tensor embed_tokens.weight: missing although hidden_size != target_hidden_size "
                             "(the target's embedding cannot be shared)")
@@ -199,33 +184,13 @@ def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectRepo
 
 
 def _check_vocab_maps(dcfg, tensors: dict[str, torch.Tensor], rep: InspectReport):
+    """The dtypes the engines' files carry (the readers cast other integer types, and the maps'
+    contents are checked by ``draft_check.vocab_map_problems``)."""
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
-    if d2t is None or t2d is None:
-        return
-    if d2t.dtype != torch.int64:
+    if d2t is not None and d2t.dtype != torch.int64:
         rep.problems.append(f"d2t: dtype {d2t.dtype}, engines expect int64")
-    if t2d.dtype != torch.bool:
+    if t2d is not None and t2d.dtype != torch.bool:
         rep.problems.append(f"t2d: dtype {t2d.dtype}, engines expect bool")
-    if d2t.numel() != dcfg.draft_vocab_size or t2d.numel() != dcfg.vocab_size:
-        return  # already reported as a shape problem
-    d2t = d2t.long()
-    target_ids = torch.arange(d2t.numel()) + d2t
-    members = torch.nonzero(t2d.bool()).flatten()
-    offsets_ok = (
-        bool(((target_ids >= 0) & (target_ids < dcfg.vocab_size)).all())
-        and members.numel() == d2t.numel()
-        and torch.equal(target_ids.sort().values, members)
-    )
-    if offsets_ok:
-        if not bool((target_ids[1:] > target_ids[:-1]).all()):
-            rep.problems.append("d2t: draft ids do not map to increasing target ids (engines expect sorted ids)")
-        return
-    as_indices = members.numel() == d2t.numel() and torch.equal(d2t.sort().values, members)
-    if as_indices:
-        rep.problems.append("d2t: holds target indices, not offsets; engines compute target = draft + d2t[draft] "
-                            "(store d2t[i] = target_id - i)")
-    else:
-        rep.problems.append("d2t/t2d: inconsistent: draft + d2t[draft] does not give exactly the ids t2d marks")
 
 
 def _check_against_target(cfg: dict, ids, target_config, rep: InspectReport):

@@ -47,7 +47,8 @@ class PushError(Eagle3Error, RuntimeError):
 class DraftRejected(PushError):
     def __init__(self, draft_dir, problems: list[str]):
         self.problems = list(problems)
-        super().__init__(f"refusing to publish {draft_dir}: {len(problems)} problem(s) found by `eagle3 inspect`")
+        more = f" (+{len(problems) - 1} more found by `eagle3 inspect`, listed above)" if len(problems) > 1 else ""
+        super().__init__(f"refusing to publish {draft_dir}: {problems[0] if problems else 'it fails inspect'}{more}")
 
 
 @dataclass
