@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One row of the training ablation (docs/benchmarks.md, "Session 10: the ablation table"), on one
+# One row of the training ablation (docs/benchmarks.md, "Which data and settings pay"), on one
 # thread so that two rows can run side by side on two cores: train a draft on a fixed store with the
 # shared settings plus FLAGS, then measure its chain-3 tau with our generator on mt_bench turns.
 #

@@ -3,7 +3,7 @@
 Run with the Python of a vLLM install, on the folder `eagle3 push --dry-run` wrote:
 
     eagle3 push DRAFT --repo you/name --base-model HuggingFaceTB/SmolLM2-135M-Instruct --dry-run CARD
-    /work/vllm-venv/bin/python benchmarks/card_serve.py CARD --target ~/.cache/eagle3/models/SmolLM2-135M-Instruct \\
+    ~/venvs/vllm/bin/python benchmarks/card_serve.py CARD --target ~/.cache/eagle3/models/SmolLM2-135M-Instruct \\
         --prompts mt_bench_turn1.jsonl --limit 20 --max-new-tokens 64 --json-out card_serve.json
 
 The card's `vllm serve BASE --speculative-config '{..."model": "you/name"...}'` line is taken

@@ -4,7 +4,7 @@
 
 The 30 layers' matmuls (q, k, v, o, gate, up, down; the LM head left out) for 1, 2, 4, 8 and 16
 rows, random fp32 weights, two threads, median of 7; each backend's ratio to its own one row.
-What verification of n tokens could cost on this CPU (docs/benchmarks.md, Session 10).
+What verification of n tokens could cost on this CPU (docs/benchmarks.md, "Verification cost").
 """
 import time, torch
 import torch.nn.functional as F

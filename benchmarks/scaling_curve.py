@@ -5,7 +5,7 @@
         --shuffle --seed 3 --max-new-tokens 128 --max-length 512 --batch-size 32 --shard-size 100
     python benchmarks/scaling_curve.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \\
         --store runs/scale/store --shards 1,2,4,8 --epochs 2 --out runs/scale \\
-        --questions ../shared/data/eval/mt_bench.jsonl --every 5 --max-new-tokens 64
+        --questions eagle3cli/prompts/mt_bench.jsonl --every 5 --max-new-tokens 64
 
 For each size k the first k shards of one store (the same regenerated conversations, so the
 smaller sets are prefixes of the larger) are linked into a sub-store, a draft is trained

@@ -1,7 +1,7 @@
 """Speculative (tree and chain) vs plain greedy decoding on a real model: tokens/s, tau, cycle breakdown.
 
     python benchmarks/spec_vs_plain.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \
-        --draft runs/smol/draft --prompts ../shared/data/eval/mt_bench.jsonl --limit 10 --max-new-tokens 128
+        --draft runs/smol/draft --prompts eagle3cli/prompts/mt_bench.jsonl --limit 10 --max-new-tokens 128
 
 Every method decodes the same first-turn prompts after the same warm-up, in this process.
 The per-cycle breakdown splits a speculative cycle into drafting (the draft's forwards and

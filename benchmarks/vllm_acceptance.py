@@ -2,9 +2,9 @@
 
 Run with the Python of a vLLM install (its own venv: it pins its own torch/transformers):
 
-    /work/venvs/vllm/bin/python benchmarks/vllm_acceptance.py \
+    ~/venvs/vllm/bin/python benchmarks/vllm_acceptance.py \
         --target ~/.cache/eagle3/models/SmolLM2-135M-Instruct --draft runs/draft \
-        --prompts ../shared/data/eval/mt_bench.jsonl --limit 10 --k 3 --max-new-tokens 128
+        --prompts eagle3cli/prompts/mt_bench.jsonl --limit 10 --k 3 --max-new-tokens 128
 
 Greedy decoding, prompts through the target's chat template, multi-turn files replayed turn by
 turn (the model's own answer becomes context for the next turn). Prints the mean acceptance

