@@ -1,7 +1,7 @@
 """`eagle3 eval --engine vllm` without vLLM: the eagle3 side (worker protocol, counters, the results'
 engine section, conversion, one-line refusals) against tests/fake_vllm_worker.py.
 
-The live runs against vLLM CPU 0.32 are in docs/benchmarks.md ("Session 5")."""
+The live runs against vLLM CPU 0.32 are in docs/benchmarks.md ("Engines' agreement")."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ EVAL_ENGINES = ("eagle3", "llama.cpp", "vllm")
 AUTO_TREE = (60, 8, 10)  # what --tree auto starts from before it measures (evaluate.choose_tree)
 # A CPU verifies a big tree too slowly to gain from it, and how small a tree pays there depends on
 # the draft and the CPU. With one SmolLM2 draft on mt_bench, a fixed 12,4,4 tree ran at 0.76x
-# plain and the measured tree (2 nodes, depth 1) at 0.98x (docs/benchmarks.md, session 8).
+# plain and the measured tree (2 nodes, depth 1) at 0.98x on 2 Xeon cores.
 GPU_TREE, CPU_TREE = "60,8,10", "auto"
 
 

@@ -6,7 +6,7 @@ no cache of its own, so after the first few frees every tensor of up to 32 MB (a
 makes thousands: attention blocks, MLP activations, chunks of logits) comes from the heap, and
 a freed one stays resident until the heap top happens to be free: the resident set of a
 training run grows by gigabytes that hold nothing. Measured on a 0.5B target's CPU training
-(docs/benchmarks.md, "Session 6: training RAM"): 1.1-1.4 GB of a step's peak, 1.4 GB resident
+(docs/benchmarks.md, "Memory"): 1.1-1.4 GB of a step's peak, 1.4 GB resident
 between steps. A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also stops the
 adjustment) maps every block above it on its own and unmaps it when it is freed. The price is a
 page fault per 4 KB each time such a tensor is made (about 8% more CPU time on that run, the

@@ -4,7 +4,7 @@ A drafting level of a 135M target's draft reads ~20 MB of bf16 weights (5 MB as 
 matmuls, and on a CPU every other tensor op costs about as much to dispatch as it computes (2-3 us
 each); the module path (``Eagle3Draft.step``) ran ~270 of them a step: RoPE recomputed from the
 positions, RMSNorm in six ops per norm, q, k, v and gate, up as separate matmuls, views and
-transposes of a batch dimension of one (docs/benchmarks.md, session 15). This module runs the same
+transposes of a batch dimension of one (torch.profiler on 2 AMX Xeon cores). This module runs the same
 layer with the same weights and the same formulas (``_rms_norm`` is ``draft.RMSNorm``; the RoPE
 tables are ``draft.Rotary``'s for every position) in about 60 ops a step, on one sequence (no batch
 dimension):
@@ -32,8 +32,8 @@ def compute_dtype(fast_target) -> torch.dtype | None:
     whose oneDNN has bf16 kernels (AMX), else None (the draft's own dtype). A drafting level is
     bound by reading the draft's weights, which the target's forward has just evicted from the
     caches: in bf16 a 16-node tree drafts in 5.5 ms a cycle against 7.2 in fp32 and a chain of 3 in
-    3.9 against 4.4 (``benchmarks/draft_paths.py``, docs/benchmarks.md, session 15). Only the proposals change, within bf16
-    rounding; what is accepted is still the target's own greedy output."""
+    3.9 against 4.4 on 2 AMX Xeon cores (``benchmarks/draft_paths.py``). Only the proposals change,
+    within bf16 rounding; what is accepted is still the target's own greedy output."""
     if fast_target is None or fast_target.embed.dtype != torch.bfloat16:
         return None
     return torch.bfloat16 if Linear.can_pack(fast_target.head.weight, ONEDNN) else None
@@ -43,7 +43,7 @@ def weights_for(fast_target, requested: str = "auto") -> str:
     """What ``requested`` (``--draft-weights``: auto, full, int8, int4) stores the drafter's matmuls
     as beside ``fast_target``. auto: int4 where the draft steps in bf16 (``compute_dtype``), the
     setting measured there (a level reads a quarter of the bytes; same acceptance on SmolLM2:
-    docs/benchmarks.md, session 16), else full."""
+    docs/benchmarks.md, "The speculative cycle and its overhead"), else full."""
     if requested != "auto":
         return requested
     return "int4" if compute_dtype(fast_target) == torch.bfloat16 and available("int4") else "full"
@@ -51,8 +51,8 @@ def weights_for(fast_target, requested: str = "auto") -> str:
 
 class ExactRowsLinear(Linear):
     """A ``Linear`` whose MKL copy serves exactly its row count (smaller calls are not padded up:
-    2 or 3 rows padded to a 4-row packed GEMM cost more than ``F.linear``, docs/benchmarks.md,
-    session 13); oneDNN's copy serves any."""
+    2 or 3 rows padded to a 4-row packed GEMM cost more than ``F.linear`` for a draft step on an
+    AMX Xeon); oneDNN's copy serves any."""
 
     def packed_for(self, m: int) -> int | str | None:
         return m if m in self.packed else (ONEDNN if ONEDNN in self.packed else None)

@@ -80,7 +80,7 @@ class Linear:
         or oneDNN's prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL; fp32,
         or bf16 where oneDNN has bf16 kernels). Unpacked, a bf16 matmul reorders its weight into
         oneDNN's blocked layout on every call: prepacked, SmolLM2's plain decoding costs 58 ms a token
-        against 71 on two AMX cores (docs/benchmarks.md, session 14)."""
+        against 71 on two AMX cores (docs/benchmarks.md, "Verification cost")."""
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
         if key == ONEDNN:
@@ -187,7 +187,8 @@ class Decoder:
         self.layers = [Layer(layer, packed_rows, dtype) for layer in self.base.layers]
         self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), self.base.norm.variance_epsilon
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
-        # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, session 7).
+        # of a vocab-sized matrix is as slow as the layers' (a 4-row verification: 1.58x one token with
+        # the head unpacked, 1.17x packed, fp32 on an AMX Xeon).
         self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
 
     def linears(self) -> list[Linear]:
@@ -281,7 +282,7 @@ class FastTarget:
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
-        # attention, 0.4 ms less a 17-row verification: docs/benchmarks.md, session 15)
+        # attention, 0.4 ms less a 17-row bf16 verification on an AMX Xeon)
         attn_mask = None if mask is None else torch.zeros(
             mask.shape, dtype=self.attn_dtype, device=x.device).masked_fill_(~mask, float("-inf"))[None, None]
         hidden = {}

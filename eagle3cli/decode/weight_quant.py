@@ -2,14 +2,14 @@
 
 A drafting level reads every weight of the draft once for a handful of rows, right after the
 target's forward has evicted them from the caches, so on a CPU its time is mostly the bytes of
-its weights (docs/benchmarks.md, session 15). Storing them as int8 (one scale per output row)
-or int4 (a scale and an offset per group of 32 or 64 inputs) halves or quarters those bytes;
-torch's own weight-only kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``,
-what gpt-fast and torchao run on CPUs) dequantise in registers. On SmolLM2's quickstart draft
-beside the bf16 target, a 16-node tree drafts in 4.6 ms a cycle with int4 weights against 6.5
-in bf16, a chain of 3 in 2.6 against 4.4, at the same acceptance (``benchmarks/draft_paths.py``,
-docs/benchmarks.md, session 16). With fp32 inputs the same kernels cost more than full weights:
-they are for bf16 draft steps.
+its weights. Storing them as int8 (one scale per output row) or int4 (a scale and an offset per
+group of 32 or 64 inputs) halves or quarters those bytes; torch's own weight-only kernels
+(``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``, what gpt-fast and torchao
+run on CPUs) dequantise in registers. On SmolLM2's quickstart draft beside the bf16 target (2 AMX
+Xeon cores), a 16-node tree drafts in 4.6 ms a cycle with int4 weights against 6.5 in bf16, a
+chain of 3 in 2.6 against 4.4, at the same acceptance (``benchmarks/draft_paths.py``;
+docs/benchmarks.md, "The speculative cycle and its overhead"). With fp32 inputs the same kernels
+cost more than full weights: they are for bf16 draft steps.
 
 Only the draft's proposals change (each weight moves by at most half a quantisation step); what
 is accepted is still decided by the target, so decoding stays lossless. Training never sees

@@ -423,9 +423,9 @@ def pack_drafter(drafter, settings, log=print) -> dict | None:
 def eval_dtype(spec, cfg: EvalConfig) -> str:
     """What ``--dtype auto`` loads the target in for our generator: bfloat16 on a CPU with AMX when
     the fast path verifies greedily there (a 16-row verification costs 1.3x one row in bf16 against
-    1.6x in fp32: docs/benchmarks.md, session 12), else what auto means for every command (bf16 on
-    a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it fails, eval
-    reloads the target in fp32."""
+    1.6x in fp32: docs/benchmarks.md, "Verification cost"), else what auto means for every command
+    (bf16 on a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it
+    fails, eval reloads the target in fp32."""
     from ..decode.fast_target import has_amx_bf16
     from ..model.target import default_device
 

@@ -306,7 +306,8 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
 
 
 # Above this, the activations the TTT unroll would keep for the backward are recomputed instead
-# (--recompute auto): measured in docs/benchmarks.md ("Session 5").
+# (--recompute auto). Recomputing costs a few percent of CPU time (1.01-1.02x per token), keeping
+# them their bytes: 5.8 GB for a 0.5B target at the defaults (docs/benchmarks.md, "Memory").
 RECOMPUTE_ABOVE = 1 << 30
 
 

@@ -7,8 +7,8 @@ teacher of online training), one training step with the full TTT unroll and one 
 step (--ttt-warmup), one plain decoding step (eval), and the token lengths of a sample of the
 data. ``make_plan`` is a pure function of those :class:`Measurements` and the flags: it picks the
 data route (regenerate where the target generates fast enough for regenerated data to pay for its
-time, else train online on the dataset's text: docs/benchmarks.md, "Which data pays for the
-time"), then the eval size, then the conversations and steps that fill the rest of the budget,
+time, else train online on the dataset's text: docs/benchmarks.md, "Which data and settings
+pay"), then the eval size, then the conversations and steps that fill the rest of the budget,
 and says why in one line each. The arithmetic is ``core.estimate``'s, which gen-data and train
 use for their own estimates.
 """
@@ -28,7 +28,7 @@ class BudgetError(Eagle3Error, ValueError):
 
 
 # Regenerated data pays for its time where the target generates at least this many tokens/s in a
-# whole gen-data run. Measured on 2 cores (docs/benchmarks.md, "Which data pays for the time"):
+# whole gen-data run. Measured on 2 cores (docs/benchmarks.md, "Which data and settings pay"):
 # at 60 tokens/s (fp32) the dataset's text trained online reached a higher mt_bench tau for the
 # same CPU time; at 155 (bf16) regenerating was as cheap in wall time and at least as good. On
 # AVX2-only cores fp32 regeneration ran at 84-92: online there too.

@@ -23,14 +23,14 @@ class QuickstartOptions:
     # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
     # 1,024 tokens (3 epochs) took 14.5 min on 2 AVX-512 AMD cores (gen-data 7.0 in bf16, train 4.2,
     # eval 3.3), 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32) and 8.3 min on 2 AMX Xeon
-    # cores (gen-data 3.7 in bf16), where twice both took 16.9 min (docs/benchmarks.md, "Session 10"
-    # to "Session 12"): ``default_size``.
+    # cores (gen-data 3.7 in bf16), where twice both took 16.9 min (docs/benchmarks.md, "The
+    # quickstart"): ``default_size``.
     samples: int | None = None  # training conversations (None: ``default_size``)
     steps: int | None = None  # optimizer steps of max_tokens tokens each (None: ``default_size``)
     # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
     # (gen-data --regen-dtype auto, 155 tokens/s here). --no-regenerate trains on the dataset's
     # own text instead, online (the target is the teacher at every position either way): the
-    # better draft for the time where regeneration runs at fp32 speed (docs/benchmarks.md, "Session 10").
+    # better draft for the time where regeneration runs at fp32 speed (docs/benchmarks.md, "Which data and settings pay").
     regenerate: bool = True
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
     max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
@@ -44,11 +44,11 @@ class QuickstartOptions:
     loss_on: str = "all"
     lr: float = 3e-3  # a short run wants a larger step than the recipes' 1e-4
     # Half soft cross-entropy, half acceptance loss (train --accept-loss): +0.02 chain-3 tau and
-    # held-out acc_0 at the same steps (docs/benchmarks.md, "Session 10: the ablation table").
+    # held-out acc_0 at the same steps (docs/benchmarks.md, the training ablation).
     accept_loss: float = 0.5
     # The first quarter of the steps unrolls one TTT step (train --ttt-warmup): acc_0 is learned
     # first and those steps cost a third; with the acceptance loss, chain-3 tau as high for 20%
-    # less CPU time (docs/benchmarks.md, "Session 10: the ablation table").
+    # less CPU time (docs/benchmarks.md, the training ablation).
     ttt_warmup_share: float = 0.25
     eval_prompts: int = 4  # mt_bench prompts (both turns)
     eval_tokens: int = 64
@@ -188,7 +188,7 @@ def default_size(opts: QuickstartOptions) -> tuple[int, int, str]:
     300 regenerated conversations and 180 steps fit 20 minutes on every 2-core CPU measured (14.5
     min with AVX512-BF16, 18.8 with AVX2 only). On a CPU with AMX, SmolLM2 regenerates at ~270
     tokens/s in bf16, so twice both fit too: 16.9 min, held-out simulated tau 1.44 against 1.33
-    and speedup 1.20x against 1.15x (docs/benchmarks.md, "Session 12"). Another --model keeps the
+    and speedup 1.20x against 1.15x (docs/benchmarks.md, "The quickstart"). Another --model keeps the
     smaller size. Without regenerate: 600 conversations, each read once.
     """
     from ..decode.fast_target import has_amx_bf16
