@@ -74,17 +74,43 @@ def test_quickstart_without_regeneration_trains_online_on_the_datasets_text(smol
     assert res.results["tasks"]["mt_bench"]["lossless"] is True
 
 
-def test_quickstart_size_doubles_on_amx_for_smollm2_only(monkeypatch):
-    """300 regenerated conversations and 180 steps by default; twice both where the CPU has AMX
-    and the target is the default SmolLM2 (regeneration ~2x faster there); 600 read once without
-    regeneration; --samples / --steps always win (run() keeps them)."""
-    from eagle3cli.decode import fast_target
-    from eagle3cli.workflows.quickstart import default_size
+def test_plan_only_measures_and_plans_without_running(smol_tiny_dir, tmp_path):
+    """--plan-only: the measurements and the plan, one line each, plan.json written, no stage run;
+    the real run then reuses that plan (same flags) instead of measuring again."""
+    out = tmp_path / "qs"
+    _prompts(out / "prompts.jsonl", n=12)
+    r = runner.invoke(app, ["quickstart", "--model", str(smol_tiny_dir), "--base-model", "someone/tiny-llama",
+                            "--out", str(out), "--plan-only", "--budget", "30"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    plan = json.loads((out / "plan.json").read_text())
+    m, p = plan["measurements"], plan["plan"]
+    assert m["regen_bound"] > 0 and m["step_s"] > 0 and m["warmup_step_s"] > 0 and m["forward_tokens_per_s"] > 0
+    assert m["answer_tokens"] > 0 and m["text_tokens"] > m["answer_tokens"] / 2
+    assert plan["flags"]["budget_min"] == 30 and p["total_s"] <= 30 * 60
+    for word in ("cpu:", "regeneration:", "training step:", "plan: data:", "plan: size:", "plan: eval:", "plan: time:"):
+        assert sum(line.strip().startswith(word) for line in lines) == 1, word
+    size = next(line for line in lines if line.startswith("plan: size:"))
+    assert f"{p['conversations']} conversations, {p['steps']} steps" in size
+    assert not (out / "data").exists() and not (out / "draft").exists()
+    # the same flags again: the saved plan, not a new measurement
+    log = []
+    from eagle3cli.workflows.quickstart import plan_run
 
-    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: False)
-    assert default_size(QuickstartOptions())[:2] == (300, 180)
-    assert default_size(QuickstartOptions(regenerate=False))[:2] == (600, 180)
-    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
-    assert default_size(QuickstartOptions())[:2] == (600, 360)
-    assert default_size(QuickstartOptions(model="other/model"))[:2] == (300, 180)
-    assert default_size(QuickstartOptions(regenerate=False))[:2] == (600, 180)
+    opts = QuickstartOptions(out=out, model=str(smol_tiny_dir), budget=30)
+    assert plan_run(opts, str(smol_tiny_dir), 0.0, log.append)["plan"] == p
+    assert log == [f"plan: reusing {out / 'plan.json'} ({p['conversations']} conversations, {p['steps']} steps)"]
+
+
+def test_a_budget_below_the_minimum_is_refused_in_one_line(smol_tiny_dir, tmp_path):
+    out = tmp_path / "qs"
+    _prompts(out / "prompts.jsonl")
+    r = runner.invoke(app, ["quickstart", "--model", str(smol_tiny_dir), "--base-model", "someone/tiny-llama",
+                            "--out", str(out), "--budget", "0.01"])
+    assert r.exit_code == 1
+    last = r.output.strip().splitlines()[-1]
+    import re
+
+    found = re.search(r"--budget 0.01 is below the (\d+) minutes this machine needs .*: give --budget (\d+) or more$", last)
+    assert found and found.group(1) == found.group(2) and int(found.group(1)) >= 1
+    assert not (out / "data").exists()

@@ -15,29 +15,39 @@ def quickstart(
     out: Path = typer.Option(Path("eagle3-quickstart"), "--out", "-o", help="Working folder (rerun to resume)."),
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
+    budget: float = typer.Option(QuickstartOptions.budget, "--budget", metavar="MINUTES",
+                                 help="Minutes the whole run may take: it measures this machine in its first half "
+                                      "minute, then sizes the data route, conversations, training steps and eval "
+                                      "to end within them."),
+    plan_only: bool = typer.Option(False, "--plan-only", help="Measure, print the measurements and the plan, and exit."),
     samples: Optional[int] = typer.Option(None, "--samples",
-                                          help="Training conversations (ShareGPT). (default: 300; 600 with "
-                                               "--no-regenerate, or on a CPU with AMX for SmolLM2)"),
+                                          help="Training conversations (ShareGPT). (default: planned for --budget)"),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (1024 tokens each, 3 TTT steps). "
-                                                                "(default: 180; 360 on a CPU with AMX for SmolLM2)"),
-    regenerate: bool = typer.Option(QuickstartOptions.regenerate, "--regenerate/--no-regenerate",
-                                    help="Have the target answer the prompts (--no-regenerate: train online "
-                                         "on ShareGPT's own text with the target as teacher, 600 conversations; "
-                                         "no slower to a good draft where regeneration runs in fp32)."),
-    eval_prompts: int = typer.Option(QuickstartOptions.eval_prompts, "--eval-prompts", help="mt_bench prompts to evaluate (both turns)."),
+                                                                "(default: planned for --budget)"),
+    regenerate: Optional[bool] = typer.Option(None, "--regenerate/--no-regenerate",
+                                              help="Have the target answer the prompts, or train online on "
+                                                   "ShareGPT's own text with the target as teacher. (default: "
+                                                   "planned: regenerate where the target generates fast enough "
+                                                   "here for regenerated data to pay for its time)"),
+    eval_prompts: Optional[int] = typer.Option(None, "--eval-prompts",
+                                               help="mt_bench prompts to evaluate (both turns). (default: planned, "
+                                                    "4 per 20 minutes of budget)"),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
     base_model: Optional[str] = typer.Option(None, "--base-model",
                                              help="The target's Hub id for the card and serving commands "
                                                   "(needed when --model is a local folder)."),
 ):
-    """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized for 2 CPU cores."""
+    """Take SmolLM2 (or --model) through gen-data, train, eval and export, sized to end within --budget."""
     from rich.table import Table
 
     from ..workflows.quickstart import run
 
-    opts = QuickstartOptions(out=out, model=model, samples=samples, steps=steps, regenerate=regenerate,
-                             eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
-    res = run(opts, log=lambda m: console.print(m, highlight=False))  # user errors: Eagle3Error, one line
+    opts = QuickstartOptions(out=out, model=model, budget=budget, samples=samples, steps=steps,
+                             regenerate=regenerate, eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
+    # user errors (a budget below the minimum too): Eagle3Error, one line
+    res = run(opts, log=lambda m: console.print(m, highlight=False, markup=False), plan_only=plan_only)
+    if plan_only:
+        return
     from ..publish.model_card import sglang_command, vllm_command
 
     task = res.results["tasks"]["mt_bench"]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..core.errors import Eagle3Error
 from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
+from ..data.regen_rate import median_seconds
 
 
 class BudgetError(Eagle3Error, ValueError):
@@ -249,44 +250,6 @@ def cpu_class() -> str:
     return "no AVX2"
 
 
-def _median_s(fn, repeats: int) -> float:
-    fn()  # warm-up: allocation, weight packing
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2]
-
-
-def regen_bound(model, dtype_name: str, slots: int, prefix: int) -> float:
-    """Generated tokens/s of one decode step of ``slots`` conversations after ``prefix`` tokens each,
-    on the engine gen-data regenerates with (continuous batching where the target takes it)."""
-    import torch
-
-    from ..decode.batch_decode import SlotTarget
-    from ..decode.fast_target import unsupported_reason
-
-    if unsupported_reason(model) is not None:  # gen-data's static batches: one HF step of them all
-        from transformers import DynamicCache
-
-        ids = torch.randint(3, 100, (slots, prefix))
-        cache = DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-
-            def step():
-                model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
-                cache.crop(prefix)
-            return slots / _median_s(step, 3)
-    target = SlotTarget(model, slots, prefix + 8, dtype=getattr(torch, dtype_name))
-    for s in range(slots):
-        target.prefill(s, torch.randint(3, 100, (prefix,)).tolist(), 0)
-    tokens, lengths = torch.randint(3, 100, (slots,)), torch.full((slots,), prefix)
-    with torch.no_grad():
-        return slots / _median_s(lambda: target.decode(tokens, lengths), 3)
-
-
 def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
                        draft_vocab: int = 8192) -> tuple[float, float]:
     """(full unroll, one TTT step) seconds of one offline training step of ``max_tokens`` tokens:
@@ -324,7 +287,7 @@ def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _median_s(lambda: step(None), 1), _median_s(lambda: step(1), 1)
+    return median_seconds(lambda: step(None), 1), median_seconds(lambda: step(1), 1)
 
 
 def forward_tokens_per_s(model, layer_ids, tokens: int) -> float:
@@ -334,7 +297,7 @@ def forward_tokens_per_s(model, layer_ids, tokens: int) -> float:
 
     ids = torch.randint(3, 100, (2, tokens // 2))
     with torch.no_grad():
-        return tokens / _median_s(lambda: capture(model, ids, layer_ids), 1)
+        return tokens / median_seconds(lambda: capture(model, ids, layer_ids), 1)
 
 
 def decode_token_seconds(model, prefix: int = 128) -> float:
@@ -349,21 +312,18 @@ def decode_token_seconds(model, prefix: int = 128) -> float:
 
         def step():
             model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
-            cache.crop(prefix)
-        return _median_s(step, 5)
+            cache.crop(-1)
+        return median_seconds(step, 5)
 
 
 def data_lengths(tokenizer, conversations, max_new_tokens: int, max_length: int) -> tuple[float, float, float]:
     """(generated tokens, stored tokens per regenerated conversation, tokens of the dataset's own
-    text) per conversation, from a sample. Each message counts its tokens plus 8 for the template."""
-    turns_of, texts = [], []
-    for c in conversations:
-        lengths = {id(m): len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) + 8 for m in c.messages}
-        texts.append(min(max_length, sum(lengths.values())))
-        users = [lengths[id(m)] for m in c.messages if m["role"] == "user"]
-        answers = [lengths[id(m)] for m in c.messages if m["role"] == "assistant"] + [max_new_tokens] * len(users)
-        turns_of.append(list(zip(users, answers)))
-    answer, stored = mean_regenerated(turns_of, max_new_tokens, max_length)
+    text cut at max_length) per conversation, from a sample."""
+    from ..data.regen_rate import turn_lengths
+
+    turns = [turn_lengths(tokenizer, c.messages, max_new_tokens) for c in conversations]
+    answer, stored = mean_regenerated(turns, max_new_tokens, max_length)
+    texts = [min(max_length, sum(u + a for u, a in t)) for t in turns]
     return answer, stored, sum(texts) / max(1, len(texts))
 
 
@@ -373,6 +333,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     the data the run will use; ``started``: perf_counter() when the run began."""
     import torch
 
+    from ..data.regen_rate import regen_bound
     from ..data.regenerate import regen_dtype
     from ..model.layers import choose_layers
     from ..model.target import TargetSpec, load_target, load_tokenizer, model_device

@@ -1,8 +1,11 @@
 """One command from nothing to a measured draft: model -> data -> train -> eval -> export.
 
 Each stage writes into its own folder under ``out`` and is skipped or resumed when a rerun
-finds it done, so an interrupted quickstart picks up where it stopped. Defaults are sized for
-two CPU cores (about 15 minutes); ``samples`` and ``steps`` size it up.
+finds it done, so an interrupted quickstart picks up where it stopped. Its size is planned for a
+time budget (``budget`` minutes, ``workflows.plan``): it measures this machine in its first half
+minute, then chooses the data route, the conversations, the training steps and the eval so that
+the whole run ends within the budget. The plan is kept in ``out/plan.json``, so a rerun resumes
+the same run; ``samples``, ``steps``, ``regenerate`` and ``eval_prompts`` override it.
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ from ..model.layers import text_config
 class QuickstartOptions:
     out: Path = Path("eagle3-quickstart")
     model: str | None = None  # default: SmolLM2-135M-Instruct (Hub, else the PyPI GGUF)
-    # The draft is data-bound (docs/scaling.png): 300 regenerated conversations and 180 steps of
-    # 1,024 tokens (3 epochs) took 14.5 min on 2 AVX-512 AMD cores (gen-data 7.0 in bf16, train 4.2,
-    # eval 3.3), 18.8 min on 2 AVX2 AMD cores (gen-data 12.0 in fp32) and 8.3 min on 2 AMX Xeon
-    # cores (gen-data 3.7 in bf16), where twice both took 16.9 min (docs/benchmarks.md, "The
-    # quickstart"): ``default_size``.
-    samples: int | None = None  # training conversations (None: ``default_size``)
-    steps: int | None = None  # optimizer steps of max_tokens tokens each (None: ``default_size``)
-    # The target answers the prompts itself, in bf16 where the CPU multiplies bf16 natively
-    # (gen-data --regen-dtype auto, 155 tokens/s here). --no-regenerate trains on the dataset's
-    # own text instead, online (the target is the teacher at every position either way): the
-    # better draft for the time where regeneration runs at fp32 speed (docs/benchmarks.md, "Which data and settings pay").
-    regenerate: bool = True
+    # Minutes the whole run may take: measured and planned (workflows.plan). The fixed size it
+    # replaced (300 regenerated conversations, 180 steps) took 14.5 to 18.8 min on quiet 2-core
+    # machines and 40+ on a shared one (docs/benchmarks.md).
+    budget: float = 20.0
+    # The draft is data-bound (docs/scaling.png): regenerated conversations are read 3 times.
+    samples: int | None = None  # training conversations (None: planned)
+    steps: int | None = None  # optimizer steps of max_tokens tokens each (None: planned)
+    # The target answers the prompts itself (in bf16 where the CPU multiplies bf16 natively), or
+    # (False) training runs online on the dataset's own text, the target the teacher at every
+    # position either way: the better draft for the time where regeneration is slow
+    # (docs/benchmarks.md, "Which data and settings pay"). None: the plan chooses by the
+    # measured generation rate (True when samples and steps are both given).
+    regenerate: bool | None = None
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
     max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
     draft_vocab_size: str = "8192"
@@ -50,7 +54,7 @@ class QuickstartOptions:
     # first and those steps cost a third; with the acceptance loss, chain-3 tau as high for 20%
     # less CPU time (docs/benchmarks.md, the training ablation).
     ttt_warmup_share: float = 0.25
-    eval_prompts: int = 4  # mt_bench prompts (both turns)
+    eval_prompts: int | None = None  # mt_bench prompts (both turns); None: planned
     eval_tokens: int = 64
     # "auto": eval measures the verify-cost curve and the draft's acceptance here and takes the tree
     # that decodes fastest (a weak draft on a CPU pays only with a tiny one); or "TOTAL,DEPTH[,TOPK]".
@@ -63,10 +67,11 @@ class QuickstartOptions:
 @dataclass
 class QuickstartResult:
     model: str
-    draft: Path
-    hub_folder: Path
+    draft: Path | None
+    hub_folder: Path | None
     results: dict
     seconds: dict = field(default_factory=dict)
+    plan: dict | None = None  # measurements and plan (workflows.plan.as_dict), when planned
 
 
 def bundled_prompts(name: str = "mt_bench") -> Path:
@@ -182,33 +187,75 @@ def _export(opts: QuickstartOptions, base_model: str, draft: Path, log) -> Path:
     return out
 
 
-def default_size(opts: QuickstartOptions) -> tuple[int, int, str]:
-    """(conversations, steps, why) where --samples / --steps are not given.
-
-    300 regenerated conversations and 180 steps fit 20 minutes on every 2-core CPU measured (14.5
-    min with AVX512-BF16, 18.8 with AVX2 only). On a CPU with AMX, SmolLM2 regenerates at ~270
-    tokens/s in bf16, so twice both fit too: 16.9 min, held-out simulated tau 1.44 against 1.33
-    and speedup 1.20x against 1.15x (docs/benchmarks.md, "The quickstart"). Another --model keeps the
-    smaller size. Without regenerate: 600 conversations, each read once.
-    """
-    from ..decode.fast_target import has_amx_bf16
-
-    if not opts.regenerate:
-        return 600, 180, "read once, online"
-    if opts.model is None and has_amx_bf16():
-        return 600, 360, "this CPU has AMX: SmolLM2 regenerates in bf16 at ~270 tokens/s"
-    return 300, 180, "sized for 20 minutes on 2 cores"
+PLAN = "plan.json"
 
 
-def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
+def _plan_flags(opts: QuickstartOptions):
+    from .plan import PlanFlags
+
+    return PlanFlags(budget_min=opts.budget, regenerate=opts.regenerate, samples=opts.samples, steps=opts.steps,
+                     eval_prompts=opts.eval_prompts, max_tokens=opts.max_tokens,
+                     ttt_warmup_share=opts.ttt_warmup_share, eval_tokens=opts.eval_tokens)
+
+
+def _sample(opts: QuickstartOptions, n: int = 200) -> list:
+    """Conversations of the data the run will use, to measure their lengths."""
+    from ..core.realmodels import write_sharegpt_subset
+    from ..data.sources import load_conversations
+
+    path = opts.out / "prompts.jsonl"
+    if not path.exists():
+        path = opts.out / "plan-sample.jsonl"
+        if not path.exists():
+            write_sharegpt_subset(path, n, seed=opts.seed + 1)
+    return load_conversations(str(path), max_samples=n)[0]
+
+
+def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
+    """Measure this machine and plan the run for ``opts.budget`` (or reuse out/plan.json when it was
+    planned for the same flags: a rerun resumes the same run). Returns plan.as_dict's dict."""
+    from dataclasses import asdict
+
+    from .plan import as_dict, make_plan, measure, measurement_lines
+
+    flags = asdict(_plan_flags(opts))
+    saved = opts.out / PLAN
+    if saved.exists():
+        kept = json.loads(saved.read_text())
+        if kept.get("flags") == flags and kept.get("model") == model:
+            log(f"plan: reusing {saved} ({kept['plan']['conversations']} conversations, {kept['plan']['steps']} steps)")
+            return kept
+    log("measuring this machine (about half a minute) ...")
+    m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps,
+                opts.accept_loss, started)
+    for line in measurement_lines(m):
+        log(f"  {line}")
+    plan = make_plan(m, _plan_flags(opts))  # BudgetError: one line, before any work
+    for line in plan.reasons:
+        log(f"plan: {line}")
+    out = {**as_dict(m, plan), "flags": flags, "model": model}
+    saved.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: bool) -> dict | None:
+    """Fill the options the plan sizes; the plan's dict, None when every size was given."""
+    if not plan_only and opts.samples is not None and opts.steps is not None:
+        opts.regenerate = True if opts.regenerate is None else opts.regenerate
+        opts.eval_prompts = opts.eval_prompts or 4
+        return None
+    planned = plan_run(opts, model, started, log)
+    p = planned["plan"]
+    opts.regenerate, opts.samples, opts.steps = p["regenerate"], p["conversations"], p["steps"]
+    opts.eval_prompts = p["eval_prompts"]
+    return planned
+
+
+def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> QuickstartResult:
+    """The whole quickstart; ``plan_only``: measure and plan, print, write nothing else."""
     opts.out = Path(opts.out)
-    samples, steps, why = default_size(opts)
-    if opts.samples is None or opts.steps is None:
-        log(f"size: {opts.samples or samples} conversations, {opts.steps or steps} training steps "
-            f"({why}; --samples / --steps to choose)")
-    opts.samples, opts.steps = opts.samples or samples, opts.steps or steps
-    opts.out.mkdir(parents=True, exist_ok=True)
     t, seconds = time.perf_counter(), {}
+    started = t
 
     def lap(name):
         nonlocal t
@@ -219,6 +266,12 @@ def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
     model = _model(opts, log)
     base_model = _base_model(opts, model)
     lap("model")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    planned = _size(opts, model, started, log, plan_only)
+    if planned is not None:
+        lap("measure")
+    if plan_only:
+        return QuickstartResult(model=model, draft=None, hub_folder=None, results={}, seconds=seconds, plan=planned)
     prompts = _prompts(opts, log)
     data = _gen_data(opts, model, prompts, log)
     lap("gen-data")
@@ -228,4 +281,4 @@ def run(opts: QuickstartOptions, log=print) -> QuickstartResult:
     lap("eval")
     hub = _export(opts, base_model, draft, log)
     lap("export")
-    return QuickstartResult(model=model, draft=draft, hub_folder=hub, results=results, seconds=seconds)
+    return QuickstartResult(model=model, draft=draft, hub_folder=hub, results=results, seconds=seconds, plan=planned)

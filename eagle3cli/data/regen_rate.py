@@ -1,0 +1,74 @@
+"""How fast the target regenerates here, measured in seconds: what gen-data's estimate and the
+quickstart's planner (workflows/plan.py) both time before the long work.
+
+The bound is one decode step of all of continuous batching's slots (``batch_decode.SlotTarget``,
+in the dtype regeneration computes in); a whole run reaches a measured share of it
+(``core.estimate.regen_rate``). The tokens a conversation will generate come from its turns'
+lengths (``core.estimate.regenerated``).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall seconds of ``fn()`` after one untimed call (allocation, weight packing)."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
+
+
+def regen_bound(model, dtype_name: str | None, slots: int, prefix: int) -> float:
+    """Generated tokens/s of one decode step of ``slots`` conversations after ``prefix`` tokens each,
+    on the engine gen-data regenerates with: continuous batching where the target takes it, else
+    one Hugging Face step of a static batch."""
+    import torch
+
+    from ..decode.batch_decode import SlotTarget
+    from ..decode.fast_target import unsupported_reason
+    from ..model.target import model_device
+
+    dev = model_device(model)
+    with torch.no_grad():
+        if unsupported_reason(model) is not None:
+            from transformers import DynamicCache
+
+            ids = torch.randint(3, 100, (slots, prefix), device=dev)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+
+            def step():
+                model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+                cache.crop(-1)
+            return slots / median_seconds(step, 3)
+        target = SlotTarget(model, slots, prefix + 8, dtype=getattr(torch, dtype_name) if dtype_name else None)
+        for s in range(slots):
+            target.prefill(s, torch.randint(3, 100, (prefix,)).tolist(), 0)
+        tokens = torch.randint(3, 100, (slots,), device=dev)
+        lengths = torch.full((slots,), prefix, device=dev)
+        return slots / median_seconds(lambda: target.decode(tokens, lengths), 3)
+
+
+def turn_lengths(tokenizer, messages: list[dict], max_new_tokens: int) -> list[tuple[int, int]]:
+    """(user tokens, answer tokens) per user turn, +8 each for the template's headers; a user turn
+    the dataset does not answer counts an answer of ``max_new_tokens``."""
+    def n(m):
+        return len(tokenizer(m.get("content") or "", add_special_tokens=False)["input_ids"]) + 8
+
+    turns, user = [], None
+    for m in messages:
+        if m["role"] == "user":
+            if user is not None:
+                turns.append((user, max_new_tokens))
+            user = n(m)
+        elif m["role"] == "assistant" and user is not None:
+            turns.append((user, n(m)))
+            user = None
+    if user is not None:
+        turns.append((user, max_new_tokens))
+    return turns
