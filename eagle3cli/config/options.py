@@ -149,6 +149,13 @@ class GenDataOptions(TargetOptions):
                                       "bfloat16 for an fp32 target on a CPU with AVX512-BF16 or AMX, 1.3-1.8x faster there; else "
                                       "--dtype's). Features are captured at --dtype.")
     system: str | None = option(None, "Set this system prompt on every conversation (\"\" removes them).")
+    reasoning: str | None = option(None, "keep|drop: a reasoning target's conversations. The target regenerates with "
+                                         "thinking on (enable_thinking=True to the template); keep: every turn's "
+                                         "thinking is learned, one sample per turn in the context it was written "
+                                         "in; drop: one sample as the template renders it, earlier turns' thinking "
+                                         "dropped from history. Default: the template's own default.")
+    last_turn_only: bool = option(False, "Learn only the last assistant turn of each conversation (earlier turns are "
+                                         "context).")
     chat_template: str | None = option(None, "Jinja chat template file, for tokenizers without one (or to "
                                              "override it).", cli_type=Path, parse=str)
     features: str = option("offline", "offline: store target features; none: tokens and masks only (online "

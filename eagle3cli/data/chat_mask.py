@@ -14,7 +14,10 @@ Two routes, no per-family rules:
    that prefix differently, the header after the previous message is matched instead).
    The turn's content is then found from there (templates may trim it, or drop a think
    block from earlier turns as Qwen-3 does), and the first special token after it is the
-   end-of-turn token. Tokens from the start through that token are masked.
+   end-of-turn token. Tokens from the start through that token are masked. A turn that calls
+   tools ends where the conversation up to it, rendered alone, ends (its calls are written by
+   the template, not found in the content); its trailing special tokens are the end of turn.
+   Tool results, like user turns, are never learned.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from ..core.errors import Eagle3Error
+from .sources import plain_text
 
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 EOT_WINDOW = 8  # tokens after the content in which the end-of-turn special token must appear
@@ -128,12 +132,32 @@ def _turn_start(text: str, prefix: str, prev: dict, search_from: int) -> int:
     """
     if text.startswith(prefix):
         return len(prefix)
-    u = prev["content"].strip()
+    u = plain_text(prev["content"]).strip()
     pu, pf = prefix.rfind(u), text.find(u, search_from)
     if u and pu >= 0 and pf >= 0:
         after = pf + len(u)
         return after + _common_prefix(prefix[pu + len(u):], text[after:])
     return _common_prefix(prefix, text)
+
+
+def _calls_end(tokenizer, upto: list[dict], text: str, start: int, template_kwargs: dict) -> int | None:
+    """Where a tool-calling turn's own text ends: the conversation through it, rendered alone,
+    is a prefix of the whole; that prefix minus its trailing whitespace and special tokens (the
+    end of turn, found again by the caller) is what the assistant wrote. None when the template
+    renders that turn differently as the last one."""
+    alone = render(tokenizer, upto, add_generation_prompt=False, **template_kwargs)
+    if not text.startswith(alone) or len(alone) <= start:
+        return None
+    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if getattr(t, "special", False)}
+    specials = sorted((t for t in specials | set(tokenizer.all_special_tokens) if t), key=len, reverse=True)
+    end = len(alone)
+    while end > start:
+        trimmed = len(text[start:end].rstrip()) + start
+        trimmed = next((trimmed - len(t) for t in specials if text.endswith(t, start, trimmed)), trimmed)
+        if trimmed == end:
+            return end
+        end = trimmed
+    return None
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], text: str, **template_kwargs) -> list[tuple[int, int]]:
@@ -147,7 +171,10 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, **template_
             raise MaskError("conversation starts with an assistant turn")
         prefix = render(tokenizer, messages[:k], add_generation_prompt=True, **template_kwargs)
         start = _turn_start(text, prefix, messages[k - 1], search_from)
-        end = _content_end(text, start, m["content"])
+        if m.get("tool_calls"):
+            end = _calls_end(tokenizer, messages[:k + 1], text, start, template_kwargs)
+        else:
+            end = _content_end(text, start, m["content"])
         if end is None:
             raise MaskError(f"assistant turn {k} not found in the rendered template (template rewrites its content)")
         spans.append((start, end))
@@ -255,7 +282,11 @@ def exact_answer_labels(tok: Tokenized, messages: list[dict]) -> tuple[list[int]
       answer learns no end-of-turn token; without ids (endpoint), a cut answer loses the
       template's end-of-turn token instead;
     * an earlier answer whose re-encoded text differs from its ``token_ids`` is not learned
-      (its context is what the target saw, but those tokens are not what it wrote).
+      (its context is what the target saw, but those tokens are not what it wrote); where the
+      template dropped the answer's thinking from history, the rest must equal the ids the
+      target wrote after its thinking;
+    * a turn marked ``learn: False`` (a dataset's tool call kept as context of regenerated
+      answers: the target did not write it) is not learned.
 
     Returns (ids, mask, number of earlier answers left unlearned).
     """
@@ -273,8 +304,10 @@ def exact_answer_labels(tok: Tokenized, messages: list[dict]) -> tuple[list[int]
     unlearned = 0
     for k, (msg, (s, e)) in enumerate(zip(answers, runs)):
         emitted = msg.get("token_ids")
-        if k < len(answers) - 1:
-            if emitted is not None and ids[s:e] != list(emitted):
+        if msg.get("learn") is False:
+            mask[s:e] = [False] * (e - s)
+        elif k < len(answers) - 1:
+            if emitted is not None and ids[s:e] != list(emitted) and list(emitted)[-(e - s):] != ids[s:e]:
                 mask[s:e] = [False] * (e - s)
                 unlearned += 1
         elif emitted is not None:
@@ -282,3 +315,13 @@ def exact_answer_labels(tok: Tokenized, messages: list[dict]) -> tuple[list[int]
         elif msg.get("finished") is False:
             ids, mask = ids[:e - 1], mask[:e - 1]
     return ids, mask, unlearned
+
+
+def last_turn_only(mask: list[bool]) -> list[bool]:
+    """``--last-turn-only``: the mask keeps only its last run of learned tokens (the last
+    assistant turn); everything before it is context."""
+    last = max((i for i, m in enumerate(mask) if m), default=-1)
+    first = last
+    while first > 0 and mask[first - 1]:
+        first -= 1
+    return [first <= i <= last and last >= 0 for i in range(len(mask))]

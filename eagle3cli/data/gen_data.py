@@ -31,13 +31,15 @@ from .. import __version__
 from ..core.errors import Eagle3Error, check_out_dir
 from .chat_mask import (
     MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash, tokenize_conversation)
+from .chat_mask import last_turn_only as last_turn_only_mask
 from ..core.hf_utils import eos_token_ids, text_config
 from .features import (
     MANIFEST, SHARD_DIR, content_hash, data_fingerprint, file_sha256, finished_shards, new_manifest, shard_name,
     shard_problem, write_json, write_manifest, write_shard)
 from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
-from .sources import Conversation, load_conversations, with_system
+from .sources import Conversation, images_of, load_conversations, with_system
+from ..core.progress import LogProgress
 
 REGEN_DIR = "regenerated"
 BYTES_PER_VALUE = 2  # bf16 / fp16 features
@@ -93,19 +95,95 @@ def bytes_per_token(hidden: int, features: str) -> int:
 # ---------------------------------------------------------------- samples
 
 
-def build_sample(tokenizer, conv: Conversation, max_length: int) -> tuple[dict, bool]:
-    """(sample with input_ids/loss_mask lists, truncated?) or MaskError."""
+def build_sample(tokenizer, conv: Conversation, max_length: int, template_kwargs: dict | None = None,
+                 last_turn_only: bool = False, processor=None) -> tuple[dict, bool]:
+    """(sample with input_ids/loss_mask lists, truncated?) or MaskError.
+
+    ``template_kwargs`` go to the chat template (``enable_thinking``), with the row's ``tools``;
+    ``last_turn_only`` learns only the last assistant turn; ``processor`` (a vision-language
+    target's) expands the images of a conversation that has some, and the sample then carries
+    its ``media`` tensors for the capture forward (data/media.py)."""
     from .regenerate import strip_meta
 
-    tok = tokenize_conversation(tokenizer, strip_meta(conv.messages))
+    kw = {**(template_kwargs or {}), **({"tools": conv.tools} if conv.tools else {})}
+    tok = tokenize_conversation(tokenizer, strip_meta(conv.messages), **kw)
     ids, mask, unlearned = exact_answer_labels(tok, conv.messages)
+    if last_turn_only:
+        mask = last_turn_only_mask(mask)
+    images = images_of(conv.messages)
+    media = None
+    if images:
+        if processor is None:
+            raise MaskError("conversation with images, and the target is not a vision-language model")
+        from .chat_mask import render
+        from .media import with_images
+
+        ids, mask, media = with_images(processor, render(tokenizer, strip_meta(conv.messages), **kw), images,
+                                       ids, mask)
     truncated = len(ids) > max_length
     if truncated:
+        if media is not None:
+            from .media import cut_media
+
+            token = getattr(processor, "image_token_id", None)
+            media = cut_media(media, max_length, token, ids, sum(t == token for t in ids))
         ids, mask = ids[:max_length], mask[:max_length]
     if not any(mask):
         raise MaskError("no assistant tokens within --max-length" if truncated else "no assistant tokens")
-    return {"sample_id": conv.id, "input_ids": ids, "loss_mask": mask, "end_ids": tok.end_ids,
-            "unlearned_answers": unlearned}, truncated
+    sample = {"sample_id": conv.id, "input_ids": ids, "loss_mask": mask, "end_ids": tok.end_ids,
+              "unlearned_answers": unlearned}
+    if media is not None:
+        sample["media"] = media
+    return sample, truncated
+
+
+def turn_prefixes(conv: Conversation) -> list[Conversation]:
+    """``--reasoning keep``: one conversation per learned assistant turn, ending with it.
+
+    Reasoning templates drop the thinking of earlier turns from the history they render, so in
+    one rendering only the last turn's thinking is there to learn; each prefix is the context
+    the target had when it wrote that turn, with the turn's thinking in it."""
+    return [Conversation(conv.id, conv.messages[:k + 1], conv.tools) for k, m in enumerate(conv.messages)
+            if m["role"] == "assistant" and m.get("learn") is not False]
+
+
+def conversation_samples(tokenizer, conv: Conversation, max_length: int, reasoning: str | None = None,
+                         **kw) -> list[tuple[dict, bool]]:
+    """The samples of one conversation (build_sample's): one, or one per turn for ``--reasoning keep``."""
+    if reasoning != "keep":
+        return [build_sample(tokenizer, conv, max_length, **kw)]
+    kw["last_turn_only"] = True
+    prefixes = turn_prefixes(conv)
+    if not prefixes:
+        raise MaskError("no assistant tokens")
+    return [build_sample(tokenizer, c, max_length, **kw) for c in prefixes]
+
+
+def estimated_tokens(tokenizer, conv: Conversation, o) -> int:
+    """The tokens ``conv`` will store, counted as the chat template renders it (its default
+    system prompt, turn headers and ends included: counting the messages' own text missed them),
+    capped at --max-length. With the dataset's answers that is the stored count; with
+    regeneration every answer is rendered empty and counted as --max-new-tokens (+ 8 for a
+    re-tokenised answer's drift), the longest it may become: an upper bound."""
+    from .regenerate import strip_meta
+
+    msgs = [dict(m) for m in conv.messages]
+    answers = 0
+    if o.regenerate:
+        out = []
+        for m in msgs:
+            if m["role"] == "assistant":
+                continue  # every answer is the target's own, one after each user turn
+            out.append(m)
+            if m["role"] == "user":
+                out.append({**m, "role": "assistant", "content": ""})
+                answers += 1
+        msgs = out
+    try:
+        n = len(tokenize_conversation(tokenizer, strip_meta(msgs)).input_ids)
+    except MaskError:  # the template refuses the shape (empty answers): each message + 8 for its headers
+        n = sum(len(tokenizer(m["content"] or "", add_special_tokens=False)["input_ids"]) + 8 for m in msgs)
+    return min(n + answers * (o.max_new_tokens + 8), o.max_length)
 
 
 def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
@@ -123,6 +201,9 @@ def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
     batches, cur = [], []
     for i in order:
         width = len(samples[i]["input_ids"])  # sorted: the newest sample is the widest
+        if samples[i].get("media"):  # its images go with it alone
+            batches.append([i])
+            continue
         if cur and (len(cur) + 1) * width > token_budget:
             batches.append(cur)
             cur = []
@@ -137,7 +218,11 @@ def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
             n = len(samples[i]["input_ids"])
             ids[r, :n] = torch.tensor(samples[i]["input_ids"])
             attn[r, :n] = 1
-        aux, final = capture(model, ids.to(device), layer_ids, attn.to(device) if len(batch) > 1 else None)
+        if len(batch) == 1 and samples[batch[0]].get("media"):  # an image conversation: the whole model
+            media = {k: v.to(device) for k, v in samples[batch[0]]["media"].items()}
+            aux, final = capture(model, ids.to(device), layer_ids, None, media=media)
+        else:
+            aux, final = capture(model, ids.to(device), layer_ids, attn.to(device) if len(batch) > 1 else None)
         for r, i in enumerate(batch):
             n = len(samples[i]["input_ids"])
             samples[i]["aux"] = aux[r, :n].cpu()
@@ -165,6 +250,8 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
         # Only when not the default, so that stores written before the option still resume.
         **({"capture_engine": opts.engine} if opts.engine != "hf" else {}),
         **({"regen_dtype": regen} if regen else {}),
+        **({"reasoning": opts.reasoning} if opts.reasoning else {}),
+        **({"last_turn_only": True} if opts.last_turn_only else {}),
     }
 
 
@@ -284,8 +371,11 @@ class Pipeline:
         self.tokenizer, self.template = self.load_tokenizer()
         self.template_sha = template_hash(self.template)
         self.end_ids = end_of_turn_ids(self.tokenizer)
-        self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None))
+        self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None),
+                                      getattr(tc, "eos_token_id", None))
         self.regen_dtype, self.regen_recorded = self.resolve_regen_dtype()
+        self.sample_kw = {"template_kwargs": reasoning_kwargs(o.reasoning, self.template),
+                          "last_turn_only": o.last_turn_only, "reasoning": o.reasoning}
 
     def resolve_regen_dtype(self) -> tuple[str | None, str | None]:
         """(the dtype local regeneration computes in, None without local regeneration; the same
@@ -321,26 +411,34 @@ class Pipeline:
             raise GenDataError(str(e)) from None
         if o.system is not None:
             convs = with_system(convs, o.system)
+        if any(images_of(c.messages) for c in convs):
+            self.sample_kw["processor"] = self.image_processor()
         self.convs, self.report = convs, report
         self.console.print(f"data: {report.summary()}", highlight=False)
 
+    def image_processor(self):
+        """The target's processor, for conversations with images (checked before any work)."""
+        from ..model.target import TargetError, is_vision_language, load_processor
+
+        o = self.opts
+        if not is_vision_language(self.config):
+            raise GenDataError(f"--data has conversations with images and {self.spec.model} is not a vision-language "
+                               "model: use its image-text-to-text target or text conversations")
+        if o.regenerate:
+            raise GenDataError("conversations with images keep the dataset's answers: pass --no-regenerate")
+        if o.features != "offline" or o.engine != "hf":
+            raise GenDataError("conversations with images need their features captured here (--features offline "
+                               "--engine hf): the image tokens' states come from the vision tower")
+        try:
+            return load_processor(self.spec)
+        except TargetError as e:
+            raise GenDataError(str(e)) from None
+
     def estimate(self) -> tuple[int, int]:
-        """(tokens, bytes) expected, from up to 500 conversations extrapolated. With
-        regeneration each answer counts as its source answer, or max_new_tokens when absent."""
-        o, tok = self.opts, self.tokenizer
+        """(tokens, bytes) expected, from up to 500 conversations extrapolated (estimated_tokens)."""
+        o = self.opts
         sample = self.convs[:: max(1, len(self.convs) // 500)][:500]
-        total = 0
-        for c in sample:
-            n = 0
-            for m in c.messages:
-                k = len(tok(m["content"], add_special_tokens=False)["input_ids"]) + 8  # + template headers
-                if m["role"] == "assistant" and o.regenerate:
-                    k = min(k, o.max_new_tokens + 8)
-                n += k
-            if o.regenerate:
-                n += (o.max_new_tokens + 8) * (sum(m["role"] == "user" for m in c.messages)
-                                               - sum(m["role"] == "assistant" for m in c.messages))
-            total += min(n, o.max_length)
+        total = sum(estimated_tokens(self.tokenizer, c, o) for c in sample)
         tokens = int(total * len(self.convs) / max(1, len(sample)))
         return tokens, tokens * bytes_per_token(self.hidden, o.features)
 
@@ -372,7 +470,7 @@ class Pipeline:
             if shown >= n:
                 break
             try:
-                s, _ = build_sample(self.tokenizer, c, self.opts.max_length)
+                s, _ = conversation_samples(self.tokenizer, c, self.opts.max_length, **self.sample_kw)[-1]
             except MaskError as e:
                 self.console.print(f"[yellow]sample {c.id}: {e}[/]")
                 continue
@@ -386,7 +484,7 @@ class Pipeline:
         conversation checked is cut away by --max-length or refused by the template."""
         o = self.opts
         sample = self.convs[:: max(1, len(self.convs) // 200)][:200]
-        reasons = Counter(why_unusable(self.tokenizer, c, o) for c in sample)
+        reasons = Counter(why_unusable(self.tokenizer, c, o, self.sample_kw) for c in sample)
         if None in reasons:
             return
         raise GenDataError(f"no conversation would give a training sample ({len(sample)} checked: "
@@ -449,18 +547,22 @@ class Pipeline:
             return _read_regenerated(path)
         settings = GenSettings(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
                                batch_size=o.batch_size, max_length=o.max_length, dtype=self.regen_dtype)
-        msgs = [c.messages for c in convs]
+        msgs, tools = [c.messages for c in convs], [c.tools for c in convs]
+        template_kwargs = self.sample_kw["template_kwargs"]
         if self.endpoint is not None:
-            results, stats = regenerate_endpoint(self.endpoint, msgs, settings)
+            results, stats = regenerate_endpoint(self.endpoint, msgs, settings, tools=tools,
+                                                 template_kwargs=template_kwargs)
         else:
             results, stats = regenerate_local(self.model, self.tokenizer, msgs, settings, self.stop_ids,
                                               on_batch=lambda s: status(f"shard {index}: generating {s}"),
-                                              seed=o.seed * 1_000_003 + index)  # reproducible per shard
+                                              seed=o.seed * 1_000_003 + index,  # reproducible per shard
+                                              template_kwargs=template_kwargs, tools=tools,
+                                              on_progress=lambda d, _t: self.log_progress.update(self.shard_base + d))
         stats_d = {"answers": stats.answers, "cut": stats.cut, "dropped_turns": stats.dropped_turns,
                    "generated_tokens": stats.generated_tokens,
                    "rejected": {str(convs[i].id): r for i, r in stats.rejected.items()}}
         _write_regenerated(path, convs, results, stats_d)
-        return [Conversation(c.id, m) if m is not None else None for c, m in zip(convs, results)], stats_d
+        return [Conversation(c.id, m, c.tools) if m is not None else None for c, m in zip(convs, results)], stats_d
 
     def process_shard(self, index: int, convs: list[Conversation], status) -> dict:
         import torch
@@ -478,14 +580,15 @@ class Pipeline:
                 skipped["first prompt reaches --max-length"] += 1
                 continue
             try:
-                s, cut = build_sample(self.tokenizer, c, o.max_length)
+                built = conversation_samples(self.tokenizer, c, o.max_length, **self.sample_kw)
             except MaskError as e:
                 skipped[str(e)] += 1
                 continue
-            truncated += cut
-            unlearned += s.pop("unlearned_answers")
-            ends |= s.pop("end_ids")
-            samples.append(s)
+            for s, cut in built:
+                truncated += cut
+                unlearned += s.pop("unlearned_answers")
+                ends |= s.pop("end_ids")
+                samples.append(s)
         if self.pending_show:
             self.show_masks(convs, self.pending_show)
             self.pending_show = 0
@@ -499,6 +602,7 @@ class Pipeline:
         path = self.out / SHARD_DIR / name
         if samples:
             for s in samples:
+                s.pop("media", None)  # the images' tensors served the capture; the store keeps their tokens
                 s["input_ids"] = torch.tensor(s["input_ids"], dtype=torch.int32)
                 s["loss_mask"] = torch.tensor(s["loss_mask"], dtype=torch.bool)
             dtype = getattr(torch, o.feature_dtype)
@@ -584,6 +688,27 @@ class Pipeline:
                                + f"); the store is not marked complete: {fix_for(Counter(man['skipped']), o)}")
         return man
 
+    def say_estimate(self, convs: list[Conversation]):
+        """Before local regeneration of many conversations: how long it will take here, from one
+        measured decode step of all of continuous batching's slots (data/regen_rate.py) and the
+        answers' lengths in a sample (core/estimate.py, which the quickstart's planner uses too)."""
+        from ..core.estimate import REGEN_SHARE_OF_BOUND, eta_line, mean_regenerated, regen_rate
+        from .regen_rate import regen_bound, turn_lengths
+
+        o = self.opts
+        if not (o.regenerate and self.model is not None and self.endpoint is None) or len(convs) < 4 * o.batch_size:
+            return
+        sample = convs[:: max(1, len(convs) // 200)][:200]
+        turns = [turn_lengths(self.tokenizer, c.messages, o.max_new_tokens) for c in sample]
+        per_conv, _ = mean_regenerated(turns, o.max_new_tokens, o.max_length)
+        bound = regen_bound(self.model, self.regen_dtype, o.batch_size, min(o.max_length, 256))
+        dtype = self.regen_dtype or "float32"
+        share = REGEN_SHARE_OF_BOUND.get(dtype, REGEN_SHARE_OF_BOUND["float32"])
+        self.console.print(eta_line("gen-data", per_conv * len(convs), "generated tokens", regen_rate(bound, dtype),
+                                    f"(regeneration, answers as long as the dataset's up to --max-new-tokens; "
+                                    f"{share:.2f} of one measured {o.batch_size}-slot decode step in {dtype}, "
+                                    f"{bound:,.0f} tokens/s)"), highlight=False, markup=False)
+
     def _loop(self, todo: list[int], n_mine: int, done: dict, base: dict, n_shards: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
@@ -601,7 +726,13 @@ class Pipeline:
             dt = max(1e-9, time.perf_counter() - rate["t0"])
             return f"{rate['conv'] / dt:.2f} conv/s  {rate['tok'] / dt:,.0f} tok/s"
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.say_estimate([c for s in todo for c in self.convs[s * size:(s + 1) * size]])
+        # A log file gets a plain line at least every 30 s (core/progress.py); a terminal the live bar.
+        self.log_progress = LogProgress("gen-data", total, "conversations", self.console, done0=already,
+                                        extra=lambda: f"{rate['tok'] / max(1e-9, time.perf_counter() - rate['t0']):,.0f}"
+                                                      " stored tok/s")
+        self.shard_base = already
+        with self.log_progress, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rates]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=self.console, transient=False) as progress:
             task = progress.add_task("gen-data", total=total, completed=already, rates="")
@@ -617,6 +748,8 @@ class Pipeline:
                     raise GenDataError(f"{e} (finished shards are kept; rerun the same command to resume)") from None
                 rate["conv"] += len(convs)
                 rate["tok"] += stats["num_tokens"]
+                self.shard_base += len(convs)
+                self.log_progress.update(self.shard_base)
                 progress.update(task, advance=len(convs), description=f"shard {s} done", rates=rates())
                 if not self.console.is_terminal:  # logs get a line per shard (no live bar there)
                     self.console.print(f"shard {s}: {stats['num_samples']} samples, {stats['num_tokens']:,} tokens"
@@ -673,7 +806,21 @@ def check_template_syntax(tokenizer, name: str):
         pass
 
 
-def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions) -> str | None:
+def reasoning_kwargs(reasoning: str | None, template: str) -> dict:
+    """The chat template options of ``--reasoning``: thinking on (``enable_thinking=True``, for
+    templates that take it; others think by default). A template with no thinking at all cannot
+    give reasoning data: one line, before any work."""
+    if reasoning is None:
+        return {}
+    if reasoning not in ("keep", "drop"):
+        raise GenDataError(f"--reasoning must be keep or drop, got {reasoning!r}")
+    if "think" not in template:
+        raise GenDataError("--reasoning: the chat template has no thinking (no <think> block, no enable_thinking): "
+                           "use the reasoning model's own template (--chat-template)")
+    return {"enable_thinking": True} if "enable_thinking" in template else {}
+
+
+def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions, sample_kw: dict | None = None) -> str | None:
     """Why a conversation cannot give a sample (None when it can), as process_shard counts it."""
     from .chat_mask import render
 
@@ -683,7 +830,7 @@ def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions) -> str | None
             text = render(tokenizer, first, add_generation_prompt=True)
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
             return "first prompt reaches --max-length" if n >= o.max_length else None
-        build_sample(tokenizer, conv, o.max_length)
+        conversation_samples(tokenizer, conv, o.max_length, **(sample_kw or {}))
     except MaskError as e:
         return str(e)
     return None

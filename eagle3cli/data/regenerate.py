@@ -2,7 +2,11 @@
 
 Each conversation keeps its system prompt (or the one given with ``--system``) and its user
 turns; the dataset's answers are dropped. The target answers the user turns in order, and
-each answer becomes context for the next turn, exactly as in a real chat.
+each answer becomes context for the next turn, exactly as in a real chat. A conversation's
+tool calls and tool results are kept as context (the target cannot run the tools): the target
+answers after the results, and the calls, which it did not write, are not learned. The row's
+``tools`` and the template options (``enable_thinking`` for ``--reasoning``) go to the chat
+template, or to the endpoint as ``tools`` and ``chat_template_kwargs``.
 
 Two engines:
 
@@ -88,11 +92,26 @@ class RegenStats:
         self.rejected.update(other.rejected)
 
 
-def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[str]]:
-    """(system messages, user turns in order): what regeneration keeps of a conversation."""
+def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]]]:
+    """(system messages, steps): what regeneration keeps of a conversation. Each step is what
+    the conversation adds before the target answers: a user turn, or a tool call of the dataset
+    (marked ``learn: False``) with the results that follow it. A call left without results is
+    dropped."""
     system = [m for m in messages if m["role"] == "system"][:1]
-    users = [m["content"] for m in messages if m["role"] == "user"]
-    return system, users
+    steps, cur = [], []
+    for m in messages:
+        if m["role"] in ("user", "tool"):
+            cur.append(m)
+        elif m["role"] == "assistant" and m.get("tool_calls") and cur:
+            cur.append({**m, "learn": False})
+        elif m["role"] == "assistant" and cur:
+            steps.append(cur)
+            cur = []
+    while cur and cur[-1]["role"] == "assistant":
+        cur.pop()
+    if cur:
+        steps.append(cur)
+    return system, steps
 
 
 # ---------------------------------------------------------------- local HF generation
@@ -186,14 +205,17 @@ def answer_message(tokenizer, ids: list[int], ended: bool) -> dict:
 def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings: GenSettings,
                      stop_ids: set[int], on_batch: Callable[[str], None] | None = None,
                      template_kwargs: dict | None = None, seed: int | None = None,
-                     continuous: bool = True) -> tuple[list[list[dict]], RegenStats]:
+                     continuous: bool = True, tools: list | None = None,
+                     on_progress: Callable[[int, int], None] | None = None) -> tuple[list[list[dict]], RegenStats]:
     """Answer every user turn of every conversation with the local target.
 
     Targets the fast path supports (``fast_target``) run with continuous batching
     (``batch_decode``): ``batch_size`` conversations in flight, a finished one replaced at
     once. Others, or ``continuous=False``, run static batches turn by turn (``generate_batch``).
     An answer cut by max_new_tokens ends its conversation: a later user turn would follow a
-    reply the target never finished (the turns left are counted as dropped).
+    reply the target never finished (the turns left are counted as dropped). ``tools``: per
+    conversation, the tool schemas its template renders (None: none). ``on_progress(done, total)``:
+    conversations finished (as they finish with continuous batching, else at the end).
     """
     import torch
 
@@ -203,11 +225,12 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
     if settings.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {settings.batch_size}")
     template_kwargs = template_kwargs or {}
+    tools = tools or [None] * len(conversations)
     gen = torch.Generator(device=model_device(model))
     gen.manual_seed(0 if seed is None else seed)
     if continuous and unsupported_reason(model) is None:
         return _regenerate_continuous(model, tokenizer, conversations, settings, stop_ids, on_batch,
-                                      template_kwargs, gen)
+                                      template_kwargs, gen, tools, on_progress)
     if settings.dtype is not None and getattr(torch, settings.dtype) != next(model.parameters()).dtype:
         raise ValueError(f"generating in {settings.dtype} needs continuous batching, which this target "
                          f"cannot take ({unsupported_reason(model) or 'continuous=False'})")
@@ -225,8 +248,8 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
         prompts = {}
         for i in active:
             ctx, users, _ = state[i]
-            ctx.append({"role": "user", "content": users[turn]})
-            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
+            ctx.extend(users[turn])
+            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **_with_tools(template_kwargs, tools[i]))
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if settings.max_length and len(ids) >= settings.max_length:
                 stats.dropped_turns += len(users) - turn
@@ -252,11 +275,17 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
                     stats.dropped_turns += len(state[i][1]) - turn - 1
                     state[i][2] = False
         turn += 1
+    if on_progress:
+        on_progress(len(conversations), len(conversations))
     return [answered(ctx) for ctx, _, _ in state], stats
 
 
+def _with_tools(template_kwargs: dict, tools) -> dict:
+    return {**template_kwargs, "tools": tools} if tools else template_kwargs
+
+
 def _regenerate_continuous(model, tokenizer, conversations, settings: GenSettings, stop_ids, on_batch,
-                           template_kwargs, gen) -> tuple[list[list[dict]], RegenStats]:
+                           template_kwargs, gen, tools, on_progress=None) -> tuple[list[list[dict]], RegenStats]:
     """regenerate_local on ``batch_decode``: each conversation answers its turns in one slot."""
     from ..decode.batch_decode import ContinuousBatcher, SlotTarget
 
@@ -266,16 +295,16 @@ def _regenerate_continuous(model, tokenizer, conversations, settings: GenSetting
         system, users = prompt_turns(msgs)
         convs.append([list(system), users, 0, True])
 
-    def prompt_ids(ctx):
-        text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **template_kwargs)
+    def prompt_ids(ctx, i):
+        text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **_with_tools(template_kwargs, tools[i]))
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def next_prompt(i):
         ctx, users, turn, open_ = convs[i]
         if not open_ or turn >= len(users):
             return None
-        ctx.append({"role": "user", "content": users[turn]})
-        ids = prompt_ids(ctx)
+        ctx.extend(users[turn])
+        ids = prompt_ids(ctx, i)
         if settings.max_length and len(ids) >= settings.max_length:
             stats.dropped_turns += len(users) - turn
             convs[i][3] = False
@@ -297,7 +326,7 @@ def _regenerate_continuous(model, tokenizer, conversations, settings: GenSetting
     # The order is deterministic, so resumed shards run exactly as uninterrupted ones.
     first = {}
     for i, (ctx, users, _, _) in enumerate(convs):
-        first[i] = len(prompt_ids(ctx + [{"role": "user", "content": users[0]}])) if users else 0
+        first[i] = len(prompt_ids(ctx + users[0], i)) if users else 0
     order = sorted(first, key=lambda i: (first[i], i))
     span = min(max(first.values(), default=1), settings.max_length or 1 << 30) + settings.max_new_tokens
     import torch
@@ -305,21 +334,31 @@ def _regenerate_continuous(model, tokenizer, conversations, settings: GenSetting
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     target = SlotTarget(model, max(1, min(settings.batch_size, len(order))), span, dtype=dtype)
     pick = lambda logits: _next_tokens(logits.float(), settings, gen)  # noqa: E731
-    progress = (lambda done, total: on_batch(f"{done}/{total} conversations")) if on_batch else None
+    def progress(done, total):
+        if on_batch:
+            on_batch(f"{done}/{total} conversations")
+        if on_progress:
+            on_progress(done, total)
+
     ContinuousBatcher(target, settings.max_new_tokens, stop_ids, pick).run(order, next_prompt, on_answer, progress)
     return [answered(ctx) for ctx, _, _, _ in convs], stats
 
 
 def answered(ctx: list[dict]) -> list[dict]:
     """A regenerated conversation up to its last answer (an unanswered, dropped prompt goes)."""
-    while ctx and ctx[-1]["role"] != "assistant":
+    while ctx and (ctx[-1]["role"] != "assistant" or ctx[-1].get("learn") is False):
         ctx.pop()
     return ctx
 
 
+TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
 def strip_meta(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates expect them: role and content only."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    """Messages as chat templates (and OpenAI servers) read them: role, content, and a tool
+    exchange's ``tool_calls`` / ``tool_call_id`` / ``name``; our bookkeeping (``token_ids``,
+    ``finished``, ``learn``) stays out."""
+    return [{k: m[k] for k in TEMPLATE_KEYS if k in m} for m in messages]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible server
@@ -383,10 +422,16 @@ class Endpoint:
         self.model = models[0]["id"]
         return self.model
 
-    def answer(self, messages: list[dict], settings: GenSettings) -> tuple[str, bool, int]:
-        """(answer, turn ended normally, completion tokens) for one chat request."""
+    def answer(self, messages: list[dict], settings: GenSettings, tools: list | None = None,
+               template_kwargs: dict | None = None) -> tuple[str, bool, int]:
+        """(answer, turn ended normally, completion tokens) for one chat request. ``template_kwargs``
+        go as ``chat_template_kwargs`` (vLLM and SGLang pass them to the chat template)."""
         payload = {"model": self.resolve_model(), "messages": messages, "max_tokens": settings.max_new_tokens,
                    "temperature": settings.temperature, "top_p": settings.top_p, "n": 1}
+        if tools:
+            payload["tools"] = tools
+        if template_kwargs:
+            payload["chat_template_kwargs"] = template_kwargs
         out = self._request("/chat/completions", payload)
         choice = out["choices"][0]
         msg = choice.get("message") or {}
@@ -402,13 +447,15 @@ class Endpoint:
 
 
 def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], settings: GenSettings,
-                        on_done: Callable[[int], None] | None = None) -> tuple[list[list[dict] | None], RegenStats]:
+                        on_done: Callable[[int], None] | None = None, tools: list | None = None,
+                        template_kwargs: dict | None = None) -> tuple[list[list[dict] | None], RegenStats]:
     """Answer every user turn through the server, ``endpoint.concurrency`` conversations at once.
 
     A conversation the server refuses (HTTP 4xx, e.g. too long) comes back as None and is
     counted; persistent server failures raise EndpointError.
     """
     endpoint.resolve_model()
+    tools = tools or [None] * len(conversations)
 
     def one(i: int):
         stats = RegenStats()
@@ -416,8 +463,8 @@ def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], set
         ctx = list(system)
         try:
             for k, u in enumerate(users):
-                ctx.append({"role": "user", "content": u})
-                answer, ended, ntok = endpoint.answer(strip_meta(ctx), settings)
+                ctx.extend(u)
+                answer, ended, ntok = endpoint.answer(strip_meta(ctx), settings, tools[i], template_kwargs)
                 ctx.append({"role": "assistant", "content": answer} if ended else
                            {"role": "assistant", "content": answer, "finished": False})
                 stats.answers += 1
@@ -430,7 +477,7 @@ def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], set
             if not any(m["role"] == "assistant" for m in ctx):
                 stats.rejected[i] = str(e)
                 return None, stats
-            ctx.pop()  # keep the answered turns, drop the refused prompt (usually too long)
+            del ctx[len(ctx) - len(users[k]):]  # keep the answered turns, drop the refused step
             stats.dropped_turns += len(users) - stats.answers
         if on_done:
             on_done(i)

@@ -2,13 +2,21 @@
 
 A source is a Hub dataset id (loaded, or streamed, with ``datasets``), a named preset for a
 usual corpus, or a local ``.json`` / ``.jsonl`` / ``.parquet`` file. Every row becomes a list of
-``{"role": "system"|"user"|"assistant", "content": str}`` messages, whatever its shape:
+``{"role": "system"|"user"|"assistant"|"tool", "content": str}`` messages, whatever its shape:
 
     sharegpt  {"conversations": [{"from": "human"|"gpt"|..., "value": str}, ...]}
     messages  {"messages": [{"role": ..., "content": ...}, ...]}          (OpenAI / HF chat)
     alpaca    {"instruction": str, "input": str?, "output": str?}
     turns     {"turns": [str, ...], "reference": [str, ...]?}             (eval sets, MT-bench)
     prompt    {"question"|"prompt": str, "answer"|"response"|"output"|"completion": str?}
+
+Conversations of tool-using and reasoning targets keep what the chat template reads: a row's
+``tools`` (OpenAI function schemas, a list or its JSON text), an assistant's ``tool_calls``, the
+``tool`` messages that answer them (with ``tool_call_id`` / ``name``), and ``reasoning_content``
+(put back into the content as a ``<think>`` block, where Qwen-3-style templates find it).
+A user message may hold OpenAI-style content parts with images: ``{"type": "image", "path":
+"img.png"}`` (``image`` or ``url`` also name the file; a relative path is read from the data
+file's folder); such a message keeps its parts, the image parts with their absolute ``path``.
 
 A row that cannot be used (malformed JSON, unknown shape, empty or role-less conversation,
 non-string content, no user turn, no assistant turn when answers are kept) is skipped and
@@ -46,7 +54,7 @@ ROLE_ALIASES = {
     "human": "user", "user": "user", "prompter": "user",
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
     "bing": "assistant", "model": "assistant", "bot": "assistant",
-    "system": "system",
+    "system": "system", "tool": "tool", "function": "tool",
 }
 PROMPT_KEYS = ("question", "prompt")
 ANSWER_KEYS = ("answer", "response", "output", "completion")
@@ -65,6 +73,7 @@ class SourceError(Eagle3Error, ValueError):
 class Conversation:
     id: int  # row index in the source (0-based), kept through shuffling for tracing
     messages: list[dict]
+    tools: list | None = None  # the row's tool schemas, passed to the chat template
 
 
 @dataclass
@@ -102,24 +111,90 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _text_parts(parts: list, what: str) -> str:
+IMAGE_KEYS = ("path", "image", "url")
+
+
+def _text_parts(parts: list, what: str):
     """OpenAI-style content parts ``[{"type": "text", "text": ...}, ...]``: their texts, joined.
 
-    Many chat datasets store every message this way; a part that is not text (an image) cannot
-    be learned from by a text draft, so the row is skipped with that reason.
+    Many chat datasets store every message this way. Image parts (``{"type": "image", "path":
+    ...}``) are kept only in a user turn, and then the parts stay a list (text parts and image
+    parts with their ``path``): the target's processor puts the image into the context. Any
+    other part (audio, an image elsewhere) is not something a draft can be trained on here.
     """
-    texts = []
+    texts, out, images = [], [], 0
     for part in parts:
         if not isinstance(part, dict):
             raise BadRow(f"non-string content in {what}")
-        if part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
-            raise BadRow(f"non-text content part ({str(part.get('type'))[:20]}) in {what}")
+        kind = part.get("type", "text")
+        if kind in ("image", "image_url") and what == "a user turn":
+            ref = part.get("image_url", {}).get("url") if isinstance(part.get("image_url"), dict) else None
+            ref = ref or next((part[k] for k in IMAGE_KEYS if isinstance(part.get(k), str)), None)
+            if not ref:
+                raise BadRow(f"image part without a path in {what}")
+            out.append({"type": "image", "path": ref})
+            images += 1
+            continue
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise BadRow(f"non-text content part ({str(kind)[:20]}) in {what}")
         texts.append(part["text"])
-    return "\n".join(texts)
+        out.append({"type": "text", "text": part["text"]})
+    return out if images else "\n".join(texts)
+
+
+def plain_text(content) -> str:
+    """A message's text: the content itself, or its text parts joined (images left out)."""
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if p.get("type") == "text")
+    return content or ""
+
+
+def images_of(messages: list[dict]) -> list[str]:
+    """The image paths of a conversation, in the order they appear."""
+    return [p["path"] for m in messages if isinstance(m.get("content"), list)
+            for p in m["content"] if p.get("type") == "image"]
+
+
+def _tool_calls(value, what: str) -> list[dict]:
+    """OpenAI ``tool_calls``: each ``{"type": "function", "function": {"name", "arguments"}}``;
+    ``arguments`` given as JSON text becomes an object, as chat templates render it."""
+    if not isinstance(value, list) or not value:
+        raise BadRow(f"tool_calls of {what} is not a list of calls")
+    calls = []
+    for c in value:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRow(f"tool call without a function name in {what}")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise BadRow(f"tool call arguments are not JSON in {what}") from None
+        call = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        calls.append(call)
+    return calls
+
+
+def row_tools(row) -> list | None:
+    """The row's ``tools`` (a list of schemas, or its JSON text), None when absent."""
+    tools = row.get("tools") if isinstance(row, dict) else None
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            raise BadRow("tools is not JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRow("tools is not a list of schemas")
+    return tools
 
 
 def _a(role: str) -> str:
-    return f"an {role}" if role == "assistant" else f"a {role}"  # roles: system, user, assistant
+    return f"an {role}" if role == "assistant" else f"a {role}"  # roles: system, user, assistant, tool
 
 
 def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
@@ -136,7 +211,15 @@ def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
         if mapped is None:
             raise BadRow(f"unknown role {str(role)[:20]!r}")
         content = t.get(content_key, t.get("content", t.get("value")))
-        out.append({"role": mapped, "content": _text(content, f"{_a(mapped)} turn")})
+        what = f"{_a(mapped)} turn"
+        msg = {"role": mapped, "content": "" if content is None and t.get("tool_calls") else _text(content, what)}
+        if mapped == "assistant" and t.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(t["tool_calls"], what)
+        if mapped == "assistant" and isinstance(t.get("reasoning_content"), str) and t["reasoning_content"].strip():
+            msg["content"] = f"<think>\n{t['reasoning_content'].strip()}\n</think>\n\n{plain_text(msg['content']).lstrip()}"
+        if mapped == "tool":
+            msg.update({k: t[k] for k in ("tool_call_id", "name") if isinstance(t.get(k), str)})
+        out.append(msg)
     return out
 
 
@@ -154,7 +237,12 @@ def _alternating(turns: list[dict]) -> list[dict]:
     for t in rest:
         if t["role"] == "system":
             raise BadRow("system turn in the middle of a conversation")
-        if merged and merged[-1]["role"] == t["role"]:
+        if t["role"] == "tool" and not (merged and (merged[-1]["role"] == "tool" or merged[-1].get("tool_calls"))):
+            raise BadRow("tool result without a tool call before it")
+        # Tool exchanges keep every message: a call, its results, the answer after them.
+        plain = t["role"] != "tool" and not t.get("tool_calls") and isinstance(t["content"], str)
+        if merged and merged[-1]["role"] == t["role"] and plain and set(merged[-1]) == {"role", "content"} \
+                and isinstance(merged[-1]["content"], str):
             merged[-1] = {"role": t["role"], "content": merged[-1]["content"] + "\n\n" + t["content"]}
         else:
             merged.append(dict(t))
@@ -218,15 +306,33 @@ def check(messages: list[dict], need_answers: bool) -> list[dict]:
     if not any(m["role"] == "user" for m in messages):
         raise BadRow("no user turn")
     for m in messages:
-        if m["role"] == "user" and not m["content"].strip():
+        if m["role"] == "user" and not plain_text(m["content"]).strip() and not images_of([m]):
             raise BadRow("empty user turn")
     if need_answers:
-        while messages and messages[-1]["role"] != "assistant":
-            messages = messages[:-1]
+        while messages and (messages[-1]["role"] != "assistant" or messages[-1].get("tool_calls")):
+            messages = messages[:-1]  # an unanswered prompt, or a call whose result never came
         if not any(m["role"] == "assistant" for m in messages):
             raise BadRow("no assistant turn")
-        if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+        if any(m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls") for m in messages):
             raise BadRow("empty assistant turn")
+    return messages
+
+
+def _local_images(messages: list[dict], base: Path | None) -> list[dict]:
+    """Image paths made absolute (relative ones are read from ``base``, the data file's folder);
+    a missing file makes the row unusable."""
+    for m in messages:
+        if not isinstance(m.get("content"), list):
+            continue
+        for p in m["content"]:
+            if p.get("type") != "image":
+                continue
+            path = Path(p["path"]).expanduser()
+            if not path.is_absolute() and base is not None:
+                path = base / path
+            if not path.is_file():
+                raise BadRow("image file not found")
+            p["path"] = str(path.resolve())
     return messages
 
 
@@ -377,6 +483,7 @@ def load_conversations(
     if fmt is not None and fmt not in FORMATS:
         raise SourceError(f"unknown --format {fmt!r}; choose from {', '.join(FORMATS)}")
     rows, _ = raw_rows(data, split=split, subset=subset, streaming=streaming)
+    base = Path(data).expanduser().parent if Path(data).expanduser().is_file() else None
     report = LoadReport(format=fmt)
     convs: list[Conversation] = []
     stop_early = max_samples is not None and not shuffle
@@ -391,13 +498,14 @@ def load_conversations(
                 report.format = detect_format(row)
                 if report.format is None:
                     raise BadRow("unknown row shape (pass --format)")
-            msgs = check(normalise(row, report.format), need_answers)
+            msgs = _local_images(check(normalise(row, report.format), need_answers), base)
+            tools = row_tools(row)
         except BadRow as e:
             if strict:
                 raise SourceError(f"{where}: {e} (--strict)") from None
             report.bad(where, str(e))
             continue
-        convs.append(Conversation(index, msgs))
+        convs.append(Conversation(index, msgs, tools))
         if stop_early and len(convs) >= max_samples:
             break
     if shuffle:
@@ -417,5 +525,5 @@ def with_system(convs: Iterable[Conversation], system: str | None) -> list[Conve
         msgs = [m for m in c.messages if m["role"] != "system"]
         if system:
             msgs = [{"role": "system", "content": system}] + msgs
-        out.append(Conversation(c.id, msgs if system is not None else c.messages))
+        out.append(Conversation(c.id, msgs if system is not None else c.messages, c.tools))
     return out

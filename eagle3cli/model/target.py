@@ -1,7 +1,11 @@
 """Loading the target model and capturing its feature streams.
 
 Works for any Hugging Face causal LM: capture uses ``output_hidden_states`` on the model's
-own forward, so no architecture needs a patched modeling file.
+own forward, so no architecture needs a patched modeling file. A vision-language target
+(Qwen2.5-VL, Gemma 3, Mistral 3, Llama 4 with a vision tower) loads through
+``AutoModelForImageTextToText``: the draft learns its language model's streams, which a text
+forward reaches through the decoder and an image conversation through the whole model (its
+vision tower fills the image tokens' embeddings).
 """
 
 from __future__ import annotations
@@ -122,9 +126,42 @@ def load_tokenizer(spec: TargetSpec, chat_template: str | None = None):
     return tok
 
 
+def is_vision_language(config) -> bool:
+    """A config with a vision tower that transformers maps to an image-text-to-text model.
+
+    Such a model is loaded whole (``AutoModelForCausalLM`` refuses Qwen2.5-VL and Mistral 3, and
+    would load only Llama 4's text part), so that image conversations can run through it.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return (getattr(config, "vision_config", None) is not None
+            and getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+def auto_class(config):
+    """The transformers Auto class that loads this target: image-text-to-text for a
+    vision-language model, causal LM for everything else."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_processor(spec: TargetSpec):
+    """The target's own processor (tokenizer + image processor): what puts a conversation's
+    images into the token stream the way the model expects them (one or many image tokens each)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(spec.model, revision=spec.revision,
+                                             trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError, ImportError) as e:
+        raise TargetError(f"conversations with images need the processor of {spec.model} "
+                          f"({one_line(e)}): use a model folder with its preprocessor_config.json, and "
+                          "install what the message names") from None
+
+
 def load_target(spec: TargetSpec):
     """Load the target (frozen, eval mode), honouring quantisation and a PEFT adapter."""
-    from transformers import AutoModelForCausalLM
 
     if spec.load_in_8bit and spec.load_in_4bit:
         raise TargetError("choose one of --load-in-8bit and --load-in-4bit")
@@ -143,8 +180,11 @@ def load_target(spec: TargetSpec):
         )
         kw["device_map"] = {"": device}
     kw.update(spec.extra)
+    cls = auto_class(load_config(spec)) if not spec.gguf_file else None
+    if cls is None:
+        from transformers import AutoModelForCausalLM as cls
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec.model, **kw)
+        model = cls.from_pretrained(spec.model, **kw)
     except _safetensors_error() as e:  # a truncated or garbled weight file
         raise TargetError(f"the weights of {spec.model} are unreadable ({one_line(e)}): download or copy "
                           "them again") from None
@@ -174,16 +214,63 @@ def output_head(model) -> torch.nn.Module:
     return model.get_output_embeddings()
 
 
+# model_type -> how the family reads ``logits_scaling``: Granite (and its MoE/hybrid kin) and
+# MiniCPM3 divide the head's output by it, HyperCLOVA X multiplies (its modeling file says so).
+MULTIPLIES_LOGITS_SCALING = ("hyperclovax",)
+
+
+def logit_scale(model) -> float:
+    """The factor the target multiplies its output head's result by before anything else.
+
+    Granite's ``logits_scaling`` (logits / s) and Cohere's ``logit_scale`` (logits * s) are part of
+    the target's distribution: a teacher or a warm-started head without them would be s times
+    too sharp or too flat (Granite 3 ships s = 8, 16)."""
+    cfg = text_config(model.config)
+    scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+    s = getattr(cfg, "logits_scaling", None)
+    if s:
+        scale *= float(s) if getattr(cfg, "model_type", "") in MULTIPLIES_LOGITS_SCALING else 1.0 / float(s)
+    return scale
+
+
 def logit_softcap(model) -> float | None:
     """Gemma-2/3 cap final logits with tanh; the teacher must apply it too."""
     return getattr(text_config(model.config), "final_logit_softcapping", None)
 
 
+def finish_logits(model, logits: torch.Tensor) -> torch.Tensor:
+    """The target's logits from its output head's raw result: the family's scaling, then its
+    soft cap, in the order the modeling files apply them. The one home of this contract: the
+    teacher (train.ttt.teacher_from_final) and lm_logits both end here."""
+    scale = logit_scale(model)
+    if scale != 1.0:
+        logits = logits * scale
+    cap = logit_softcap(model)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 def base_model(model):
-    """The decoder stack without the LM head (so capture never pays for [T x vocab] logits)."""
+    """The decoder stack without the LM head (so capture never pays for [T x vocab] logits).
+
+    ``get_decoder`` is the way in, but some wrappers return themselves (Llama 4's
+    ``Llama4ForCausalLM``) or a language model that is itself a causal LM (a multimodal model's
+    ``language_model``): the stack is the first module down ``model`` / ``language_model`` that
+    holds the decoder ``layers``."""
     getter = getattr(model, "get_decoder", None)
     dec = getter() if callable(getter) else None
-    return dec if dec is not None else model
+    dec = dec if dec is not None else model
+    probe = dec
+    for _ in range(3):
+        if isinstance(getattr(probe, "layers", None), torch.nn.ModuleList):
+            return probe
+        inner = getattr(probe, "model", None)
+        inner = inner if isinstance(inner, torch.nn.Module) else getattr(probe, "language_model", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        probe = inner
+    return dec
 
 
 @torch.no_grad()
@@ -192,29 +279,33 @@ def capture(
     input_ids: torch.Tensor,
     layer_ids: Sequence[int],
     attention_mask: torch.Tensor | None = None,
+    media: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the decoder: returns (aux [B,T,3*Ht], final [B,T,Ht]).
 
     ``aux`` concatenates ``hidden_states[j]`` for the layer ids in ascending order (docs/design.md §2);
     ``final`` is ``hidden_states[N]``, the final-normed state the LM head reads, from which the
-    teacher's logits are recomputed later.
+    teacher's logits are recomputed later. ``media``: the processor's image tensors
+    (``pixel_values``, ``image_grid_thw`` ...) of a vision-language target; the forward then runs
+    through the multimodal model, whose hidden states are its language model's.
     """
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
                   return_dict=True)
     from .sharded_target import forward_sharded, is_sharded
 
+    if media:
+        out = model.base_model(**kwargs, **media)
     # A target sharded with FSDP (train --online under FSDP2) is entered through its root.
-    out = forward_sharded(model, **kwargs) if is_sharded(model) else base_model(model)(**kwargs)
+    elif is_sharded(model):
+        out = forward_sharded(model, **kwargs)
+    else:
+        out = base_model(model)(**kwargs)
     hs = out.hidden_states
     aux = torch.cat([hs[j] for j in layer_ids], dim=-1)
     return aux, hs[-1]
 
 
 def lm_logits(model, final_hidden: torch.Tensor) -> torch.Tensor:
-    """The target's logits from its final (normed) hidden state, softcap included."""
+    """The target's logits from its final (normed) hidden state, scaling and soft cap included."""
     head = output_head(model)
-    logits = head(final_hidden.to(head.weight.dtype))
-    cap = logit_softcap(model)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    return finish_logits(model, head(final_hidden.to(head.weight.dtype)))
