@@ -1,10 +1,10 @@
 """What speedup our generator gives at a chosen acceptance: a real draft's costs, a steered tau.
 
-    PYTHONPATH=. python benchmarks/speedup_at_tau.py --model SmolLM2 --draft DRAFT --limit 20 \
+    PYTHONPATH=. python benchmarks/speedup_at_tau.py --model TARGET --draft DRAFT --limit 20 \
         --hits 0,0.6,0.7,0.8 [--mode chain --steps 3 | --mode tree --tree 16,4,4] [--json-out r.json]
 
-The drafts issue's tau goals (chain-3 2.5, tree 3.0) need a better draft than these cores can
-train; the generator issue asks what speedup the generator gives there (goal: 1.75x and 1.9x).
+The project's tau goals for a draft (chain-3 2.5, tree 3.0) need a better draft than a few CPU
+cores can train, and the generator's goals are speedups at that tau (1.75x and 1.9x).
 This measures it instead of assuming it: the real EAGLE-3 drafter runs every step as
 ``eagle3 eval`` runs it (same dtype, integer weights, packing, cache), so the draft's time,
 the verification of the same number of nodes and the bookkeeping are all real; only its

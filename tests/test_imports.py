@@ -180,7 +180,7 @@ def test_find_cycle_finds_one():
 
 
 def test_the_feature_store_contract_has_one_home():
-    """issue 14 item 2: features.py owns the store (format, manifest, checks, fingerprints);
+    """features.py owns the store (format, manifest, checks, fingerprints);
     the trainer reads stores without importing the gen-data pipeline."""
     graph = import_graph()
     trainer_side = ["eagle3cli.train.trainer", "eagle3cli.train.batching", "eagle3cli.train.checkpoints", "eagle3cli.train.train_report",
@@ -198,7 +198,7 @@ def test_the_feature_store_contract_has_one_home():
 
 
 def test_trainer_split_by_concern():
-    """issue 14 item 3: the Trainer class reads in one sitting; the TTT outputs are named."""
+    """The Trainer class reads in one sitting; the TTT outputs are named."""
     import inspect
 
     from eagle3cli.train import trainer, ttt

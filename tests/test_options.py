@@ -1,4 +1,4 @@
-"""Issue 14 item 5: the commands' flags come from option dataclasses, the eight target-loading
+"""The commands' flags come from option dataclasses, the eight target-loading
 options from one of them (TargetOptions), and every user-facing error shares Eagle3Error."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13: every fault a one-line error before work is spent, no silent bad output, resume that
+"""Every fault a one-line error before work is spent, no silent bad output, resume that
 cannot be fooled, and a suite that stands on its own (docs/troubleshooting.md lists each case)."""
 
 from __future__ import annotations

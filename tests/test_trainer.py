@@ -358,7 +358,7 @@ def test_eagle31_variant_trains_its_norms_and_warns_about_refusing_engines(store
     assert res.draft.config.variant == "eagle3.1"
 
 
-# ---- memory (issue 13 item 8) ------------------------------------------------------------------
+# ---- memory ------------------------------------------------------------------------------------
 
 def test_bf16_target_keeps_frozen_weights_in_bf16_and_trains_the_same(tmp_path, smol_tiny_dir):
     """A bf16 checkpoint: the teacher's head and the draft's embedding are kept in bf16 (half the
