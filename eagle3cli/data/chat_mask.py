@@ -140,24 +140,37 @@ def _turn_start(text: str, prefix: str, prev: dict, search_from: int) -> int:
     return _common_prefix(prefix, text)
 
 
-def _calls_end(tokenizer, upto: list[dict], text: str, start: int, template_kwargs: dict) -> int | None:
-    """Where a tool-calling turn's own text ends: the conversation through it, rendered alone,
-    is a prefix of the whole; that prefix minus its trailing whitespace and special tokens (the
-    end of turn, found again by the caller) is what the assistant wrote. None when the template
-    renders that turn differently as the last one."""
-    alone = render(tokenizer, upto, add_generation_prompt=False, **template_kwargs)
-    if not text.startswith(alone) or len(alone) <= start:
-        return None
+def _special_strings(tokenizer) -> list[str]:
+    """The special tokens as text, longest first."""
     specials = {t.content for t in tokenizer.added_tokens_decoder.values() if getattr(t, "special", False)}
-    specials = sorted((t for t in specials | set(tokenizer.all_special_tokens) if t), key=len, reverse=True)
-    end = len(alone)
-    while end > start:
-        trimmed = len(text[start:end].rstrip()) + start
-        trimmed = next((trimmed - len(t) for t in specials if text.endswith(t, start, trimmed)), trimmed)
-        if trimmed == end:
-            return end
-        end = trimmed
-    return None
+    return sorted((t for t in specials | set(tokenizer.all_special_tokens) if t), key=len, reverse=True)
+
+
+def _calls_end(tokenizer, upto: list[dict], text: str, start: int, template_kwargs: dict) -> int | None:
+    """Where a tool-calling turn's own text ends (its calls are rendered by the template, so
+    they cannot be searched for as content).
+
+    The conversation through the turn, rendered alone, is usually a prefix of the whole; that
+    prefix minus its trailing whitespace and special tokens (the end of turn, found again by
+    the caller) is what the assistant wrote. A template that renders the turn differently when
+    it is the last one (Qwen-3 adds an empty think block) ends it instead at the first end-of-turn
+    marker after its start: the special token the template writes right after an answer."""
+    specials = _special_strings(tokenizer)
+    alone = render(tokenizer, upto, add_generation_prompt=False, **template_kwargs)
+    if text.startswith(alone) and len(alone) > start:
+        end = len(alone)
+        while end > start:
+            trimmed = len(text[start:end].rstrip()) + start
+            trimmed = next((trimmed - len(t) for t in specials if text.endswith(t, start, trimmed)), trimmed)
+            if trimmed == end:
+                return end
+            end = trimmed
+    probe = render(tokenizer, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+                   add_generation_prompt=False, **{k: v for k, v in template_kwargs.items() if k != "tools"})
+    tail = probe[probe.rfind("Hello") + len("Hello"):].lstrip()
+    marker = next((t for t in specials if tail.startswith(t)), None)
+    pos = text.find(marker, start) if marker else -1
+    return pos if pos > start else None
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], text: str, **template_kwargs) -> list[tuple[int, int]]:
