@@ -91,7 +91,7 @@ class LogProgress:
                 return
             self.last = now
             text = self.line(now)
-        self.console.print(text, highlight=False, markup=False)
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def _beat(self):
         while not self._stop.wait(max(0.05, self.last + self.interval - self.clock())):
