@@ -73,7 +73,7 @@ def check_draft(config: dict, tensors: dict | None, directory, weights=None, *, 
         found = tensor_problems(geometry(config), tensors, end_token_ids=end_token_ids)
         problems = [f"{where}: {p}" for p in found]
     if problems:
-        more = f" (+{len(problems) - 1} more; `eagle3 inspect` lists them)" if len(problems) > 1 else ""
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CorruptDraft(f"{problems[0]}{more}")
 
 

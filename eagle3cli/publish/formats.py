@@ -126,8 +126,8 @@ def _refuse_other_weights(d: Path):
 
 def _json(p: Path) -> dict:
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise FormatError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(d, dict):
         raise FormatError(f"{p}: not a JSON object")
