@@ -12,7 +12,9 @@ the cycle's cost is measured at its best). Prints, each with its own time budget
 2. per-cycle overhead: chain cycles with the oracle, draft + bookkeeping as a share of the
    cycle, and the cycle's cost in plain decoding steps of the same path;
 3. the EAGLE-3 draft's own step time at this geometry (one chain cycle of k drafted tokens);
-4. online TTT-7 training: target capture + teacher + 7-step unroll + backward, tokens/s.
+4. online TTT-7 training: target capture + teacher + 7-step unroll + backward, tokens/s, and the
+   FLOP/s it achieves against the torch.matmul peak measured at the step's own GEMM shapes in
+   fp32 and bf16 (step_flops.py).
 
 The whole run is sized to stay under about 8 minutes on one H200 (``--budget-s``).
 """
@@ -21,9 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_flops, also when loaded by path (tests)
+from step_flops import count_step, gemm_flops, matmul_peak  # noqa: E402
 
 GEOMETRIES = {
     # meta-llama/Llama-3.1-8B-Instruct's config.json (geometry only)
@@ -175,7 +182,12 @@ def ttt_training(target, seq_len, dev, dtype, repeats=3):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return seq_len / timed(step, dev, repeats)
+    seconds = timed(step, dev, repeats)
+    flops, gemms = count_step(step)
+    peak = matmul_peak(gemms, dev)
+    return seq_len / seconds, {"flops_per_token": flops / seq_len, "gemm_share": gemm_flops(gemms) / flops,
+                               "achieved_flop_s": flops / seconds,
+                               "matmul_peak_flop_s": {dt: p["flop_s"] for dt, p in peak.items()}}
 
 
 def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_tokens=65, seq_len=2048,
@@ -196,7 +208,7 @@ def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_t
     result["verify_ms"] = {"hf": {n: 1000 * v for n, v in hf.items()}, "fast": {n: 1000 * v for n, v in fp.items()}}
     result["cycles"] = cycle_overhead(target, fast, prompt, steps, new_tokens, dev)
     result["draft_cycle_ms"] = 1000 * draft_step(target, prompt, steps, dev, dt)
-    result["ttt7_tokens_per_s"] = ttt_training(target, seq_len, dev, dt)
+    result["ttt7_tokens_per_s"], result["ttt7_flops"] = ttt_training(target, seq_len, dev, dt)
     result["seconds"] = time.perf_counter() - t0
     return result
 
@@ -213,6 +225,11 @@ def show(r: dict):
               f"{100 * c['overhead_share']:.1f}% of the cycle, lossless {c['lossless']}")
     print(f"EAGLE-3 draft, one chain cycle: {r['draft_cycle_ms']:.2f} ms")
     print(f"online TTT-7 training: {r['ttt7_tokens_per_s']:,.0f} tokens/s")
+    f = r["ttt7_flops"]
+    peaks = ", ".join(f"{100 * f['achieved_flop_s'] / v:.0f}% of the {dt} matmul peak ({v / 1e12:.1f} TFLOP/s)"
+                      for dt, v in f["matmul_peak_flop_s"].items())
+    print(f"  {f['flops_per_token'] / 1e9:.2f} GFLOP per token ({100 * f['gemm_share']:.0f}% in GEMMs), achieved "
+          f"{f['achieved_flop_s'] / 1e12:.2f} TFLOP/s: {peaks} at the step's GEMM shapes")
     print(f"total {r['seconds']:.0f} s")
 
 

@@ -8,6 +8,11 @@ Prints training tokens/s for each setting, the cost ratio per token of 7 steps a
 at most 6x) and of fp32 against bf16, and the mean loss of each setting's counted steps (the
 same batches, so losses are comparable). Tokens are conversation tokens (padding excluded); the
 first optimizer steps (allocation warm-up) are not counted.
+
+Then (unless --no-flops) how much of the machine each setting uses: the step's FLOPs per token
+(one micro-batch of the run, teacher + unroll + backward, counted by step_flops.count_step), the
+torch.matmul peak at that step's own GEMM shapes in fp32 and in bf16, and each setting's achieved
+FLOP/s as a share of both (CPU-seconds on a CPU, so shared cores do not distort it).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from eagle3cli.data.features import shard_name, write_json, write_shard
 from eagle3cli.model.layers import choose_layers
 from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.data.chat_mask import template_hash
-from eagle3cli.train.trainer import train
+from eagle3cli.train.trainer import Trainer, train
+from eagle3cli.train.ttt import TTTModel
+from step_flops import count_step, describe, gemm_flops, matmul_peak
 
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "train" / "gsm8k_train.jsonl"
@@ -70,11 +77,38 @@ def build_store(model_dir: Path, out: Path, n: int, max_length: int = 512) -> Pa
     return out
 
 
+def settings(data: str, model: str, ttt_steps: int, precision: str, steps: int, max_tokens: int, vocab: str,
+             out: Path) -> TrainConfig:
+    return TrainConfig(data=data, model=model, out=str(out), ttt_steps=ttt_steps, max_steps=steps,
+                       max_tokens=max_tokens, draft_vocab_size=vocab, val_fraction=0.0, log_every=1,
+                       save_every=10**9, epochs=1000, mixed_precision=precision, allow_incomplete=True)
+
+
+def step_flops(cfg: TrainConfig) -> dict:
+    """FLOPs per token and GEMM shapes of one micro-batch of ``cfg``'s run (its first), measured
+    on a second, untimed step (the first allocates)."""
+    t = Trainer(cfg, quiet=True)
+    t.setup()
+    ttt = TTTModel(t.draft, cfg.ttt_steps, cfg.step_decay, recompute=t.recompute, accept_weight=cfg.accept_loss)
+    idx = t.groups(0)[0][0]
+    tokens = []
+
+    def step():
+        args, n = t._inputs(idx)
+        with t.acc.autocast():
+            out = ttt(*args)
+        out.loss.backward()
+        tokens.append(n)
+
+    step()
+    flops, gemms = count_step(step)
+    return {"flops_per_token": flops / tokens[-1], "gemm_share": gemm_flops(gemms) / flops, "gemms": gemms,
+            "device": t.acc.device}
+
+
 def measure(data: str, model: str, ttt_steps: int, precision: str, steps: int, skip: int, max_tokens: int,
             vocab: str, out: Path) -> dict:
-    cfg = TrainConfig(data=data, model=model, out=str(out), ttt_steps=ttt_steps, max_steps=steps,
-                      max_tokens=max_tokens, draft_vocab_size=vocab, val_fraction=0.0, log_every=1,
-                      save_every=10**9, epochs=1000, mixed_precision=precision, allow_incomplete=True)
+    cfg = settings(data, model, ttt_steps, precision, steps, max_tokens, vocab, out)
     t = time.time()
     res = train(cfg, quiet=True)
     recs = [h for h in res.history if "acc" in h][skip:]
@@ -97,14 +131,20 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--ttt-steps", default="1,7", help="comma-separated --ttt-steps settings")
     ap.add_argument("--mixed-precision", default="auto", help="comma-separated --mixed-precision settings")
+    ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count and the matmul peak")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = [(int(s), p) for s in args.ttt_steps.split(",") for p in args.mixed_precision.split(",")]
+    runs = [(int(s), p) for s in args.ttt_steps.split(",") for p in args.mixed_precision.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(build_store(Path(args.model), Path(tmp) / "store", args.conversations))
         rows = [measure(data, args.model, s, p, args.steps, args.skip, args.max_tokens, args.draft_vocab_size,
-                        Path(tmp) / f"run{s}_{p}") for s, p in settings]
+                        Path(tmp) / f"run{s}_{p}") for s, p in runs]
+        if not args.no_flops:
+            for r in rows:
+                r["flops"] = step_flops(settings(data, args.model, r["ttt_steps"], r["mixed_precision"], 1,
+                                                 args.max_tokens, args.draft_vocab_size,
+                                                 Path(tmp) / f"flops{r['ttt_steps']}_{r['mixed_precision']}"))
     print(f"{'ttt_steps':>9} {'precision':>9} {'tokens/s':>10} {'tokens/cpu-s':>13} {'mean loss':>10} {'steps':>6} "
           f"{'peak MB':>8}")
     for r in rows:
@@ -122,7 +162,7 @@ def main():
             print(f"[{p}] cost per token, 7 steps vs 1: {ratio:.2f}x wall clock, {cpu_ratio:.2f}x CPU time "
                   f"({'meets' if judged <= 6 else 'misses'} the <= 6x goal)")
             ratios[f"ttt7_vs_1_{p}"] = {"wall": ratio, "cpu": cpu_ratio}
-    for s in {s for s, _ in settings}:
+    for s in {s for s, _ in runs}:
         if (s, "no") in by and (s, "bf16") in by:
             fp, bf = by[(s, "no")], by[(s, "bf16")]
             speed = bf["tokens_per_s"] / fp["tokens_per_s"]
@@ -130,6 +170,16 @@ def main():
             print(f"[TTT {s}] bf16 autocast vs fp32: {speed:.2f}x tokens/s, {cpu_speed:.2f}x tokens per CPU-s; "
                   f"mean loss {bf['mean_loss']:.4f} vs {fp['mean_loss']:.4f}")
             ratios[f"bf16_vs_fp32_ttt{s}"] = {"wall": speed, "cpu": cpu_speed}
+    for r in rows if not args.no_flops else []:
+        f = r.pop("flops")
+        peak = matmul_peak(f["gemms"], f["device"])
+        # on a CPU both sides per CPU-second of this process, on a GPU per wall second
+        rate = r["tokens_per_s"] if f["device"].type == "cuda" else r["tokens_per_cpu_s"]
+        r["flops_per_token"], r["gemm_share"] = f["flops_per_token"], f["gemm_share"]
+        r["achieved_flop_s"] = f["flops_per_token"] * rate
+        r["matmul_peak_flop_s"] = {dt: p["flop_s"] for dt, p in peak.items()}
+        print("\n".join(describe(f["flops_per_token"], f["gemm_share"], peak,
+                                 {f"TTT {r['ttt_steps']}, {r['mixed_precision']}": r["achieved_flop_s"]})))
     print(json.dumps({"rows": rows, "ratios": ratios, "torch_threads": torch.get_num_threads()}))
 
 

@@ -22,3 +22,7 @@ def test_gpu_suite_runs_on_cpu_with_tiny_geometry():
         assert c["tau"] == 4.0 and c["lossless"] is True
         assert 0 < c["overhead_share"] < 1 and c["cycle_in_plain_steps"] > 0
     assert r["draft_cycle_ms"] > 0 and r["ttt7_tokens_per_s"] > 0
+    f = r["ttt7_flops"]
+    peaks = f["matmul_peak_flop_s"]
+    assert set(peaks) == {"float32", "bfloat16"} and all(v > 0 for v in peaks.values())
+    assert f["flops_per_token"] > 0 and 0 < f["gemm_share"] <= 1 and f["achieved_flop_s"] > 0
