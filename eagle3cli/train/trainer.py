@@ -532,7 +532,8 @@ class Trainer:
         self.best = start.get("best")
         self.log.start(cfg.to_dict())
         self._reset_meter()
-        with LiveView(self.total_steps, self.console, acc.is_main_process and not self.quiet) as self.view:
+        with LiveView(self.total_steps, self.console, acc.is_main_process and not self.quiet,
+                      warmup=cfg.ttt_warmup) as self.view:
             self.view.update(self.step, None, 0.0)
             stopped = self._epochs(start["epoch"], start["group"], stop_after)
         draft = acc.unwrap_model(self.model).draft
@@ -564,9 +565,11 @@ class Trainer:
         for gi in range(first, len(groups)):
             if self.step >= self.total_steps:
                 return None
+            tokens = self.meter.tokens
             if not self._optimizer_step(groups[gi]):
                 return self._stop_nan(self.step)
             self.step += 1
+            self.view.tick(self.step, self.meter.tokens - tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                 self._report(epoch)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
@@ -686,6 +689,9 @@ class Trainer:
         data, datasets = trained_on(m.source)
         return {
             "target": self.model_id, "target_revision": cfg.revision or m.target_revision,
+            # the class the draft was trained against (a vision-language target's is not a causal LM)
+            "target_architectures": list(getattr(self.target_config, "architectures", None) or []),
+            "target_model_type": getattr(self.target_config, "model_type", None),
             "chat_template_hash": m.chat_template_hash, "layer_ids": list(self.layer_ids),
             "data": data, "num_samples": len(self.train_idx),
             "num_tokens": int(sum(self.lengths[i] for i in self.train_idx)), "steps": step,
