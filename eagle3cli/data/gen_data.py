@@ -293,7 +293,7 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: in
 def _read_regenerated(path: Path) -> tuple[list[Conversation | None], dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     stats = json.loads(path.with_suffix(".stats.json").read_text())
-    return [None if "rejected" in r else Conversation(r["id"], r["messages"]) for r in rows], stats
+    return [None if "rejected" in r else Conversation(r["id"], r["messages"], r.get("tools")) for r in rows], stats
 
 
 def _write_regenerated(path: Path, convs: list[Conversation], results: list, stats: dict):
@@ -303,7 +303,7 @@ def _write_regenerated(path: Path, convs: list[Conversation], results: list, sta
     write_json(path.with_suffix(".stats.json"), stats)  # first: a .jsonl that exists has its stats
     lines = []
     for c, msgs in zip(convs, results):
-        row = {"id": c.id, "messages": msgs}
+        row = {"id": c.id, "messages": msgs, **({"tools": c.tools} if c.tools else {})}
         if msgs is None:
             row["rejected"] = stats.get("rejected", {}).get(str(c.id), "rejected")
         lines.append(json.dumps(row, ensure_ascii=False))
