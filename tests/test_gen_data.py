@@ -219,6 +219,25 @@ def test_disk_estimate_and_dry_run(smol_tiny_dir, data_file, tmp_path):
     assert "nothing written" in res.output and not (tmp_path / "dry").exists()
 
 
+def test_disk_estimate_bounds_what_is_written(full_run, smol_tiny_dir, data_file, tmp_path):
+    """The estimate counts the template's own tokens (SmolLM2's default system prompt): exact with
+    the dataset's answers, an upper bound with regeneration (every answer at --max-new-tokens)."""
+    import re
+
+    def estimate(*args):
+        res = CliRunner().invoke(app, ["gen-data", "-m", str(smol_tiny_dir), "--data", str(data_file), "-o",
+                                       str(tmp_path / "dry"), "--dry-run", "--max-length", "96", *args])
+        assert res.exit_code == 0, res.output
+        return int(re.search(r"disk estimate: ~([\d,]+) tokens", res.output).group(1).replace(",", ""))
+
+    kept = run(options(tmp_path / "kept", data_file, regenerate=False, features="none"),
+               TargetSpec(str(smol_tiny_dir)))
+    assert estimate("--no-regenerate") == kept["num_tokens"]
+    _, regenerated = full_run  # --max-new-tokens 6
+    # 438 against 288 written: an answer cut at 6 tokens ends its conversation, so fewer turns are stored
+    assert regenerated["num_tokens"] <= estimate("--max-new-tokens", "6") <= 2 * regenerated["num_tokens"]
+
+
 def cli_error(args):
     res = CliRunner().invoke(app, ["gen-data", *args], env={"COLUMNS": "500"})
     assert res.exit_code == 1

@@ -94,10 +94,16 @@ def unsupported_options(options) -> dict[str, list[str]]:
     return {engine: [k for k in on if k not in have] for engine, have in OPTIONS.items()}
 
 
-def warnings(target_config, options=()) -> list[str]:
-    """One line per engine that would refuse this target, or this draft's options."""
-    lines = [why + "; the draft still runs in `eagle3 eval`" for ok, why in target_support(target_config).values()
-             if ok is False]
+def warnings(target_config, options=(), eval_refusal: str | None = None) -> list[str]:
+    """One line per engine that would refuse this target, or this draft's options.
+
+    ``eval_refusal``: why ``eagle3 eval`` would refuse this target (the words of the generator's
+    support check, which lives above this module), None when eval runs it. An engine's refusal
+    points to eval only when eval does run the draft."""
+    tail = "; the draft still runs in `eagle3 eval`" if eval_refusal is None else ""
+    lines = [why + tail for ok, why in target_support(target_config).values() if ok is False]
+    if eval_refusal is not None:
+        lines.append(f"`eagle3 eval` cannot measure this draft yet: {eval_refusal}")
     for engine, missing in unsupported_options(options).items():
         if missing:
             lines.append(f"{engine} does not implement {', '.join(missing)}: it would serve this draft wrongly "

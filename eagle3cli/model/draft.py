@@ -131,6 +131,10 @@ def target_rope_parameters(cfg) -> dict:
     transformers 5 keeps them in ``rope_parameters``; models with per-layer-type RoPE
     (Gemma-3: sliding vs full attention) nest one dict per type: the draft is a full-attention
     layer, so it takes the full-attention one.
+
+    ``partial_rotary_factor`` (GLM-4, Phi-2, StableLM rotate only part of each head) is left
+    out: the draft's attention rotates every dimension of its heads, and an engine that read the
+    target's factor from the draft's config would run another draft than the one trained.
     """
     rp = getattr(cfg, "rope_parameters", None)
     if isinstance(rp, dict) and rp:
@@ -141,6 +145,7 @@ def target_rope_parameters(cfg) -> dict:
         out = dict(getattr(cfg, "rope_scaling", None) or {})
         out.setdefault("rope_type", out.pop("type", "default"))
         out["rope_theta"] = float(getattr(cfg, "rope_theta", 10000.0))
+    out.pop("partial_rotary_factor", None)
     out.setdefault("rope_type", "default")
     out.setdefault("rope_theta", 10000.0)
     return out

@@ -40,7 +40,7 @@ from ..core import host_memory
 from ..model import warm_start
 from .batching import collate, make_batches, rank_groups, split_indices
 from . import train_eval
-from .checkpoints import CHECKPOINTS, checkpoint_dirs, load_best, save_best, save_checkpoint, start_state
+from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
 from .optim import make_optimizer
 from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import check_out_dir
@@ -434,30 +434,8 @@ class Trainer:
         self.vocab_ids = self.vocab.ids.to(self.acc.device)
         self._say(setup_line(self.vocab, self.layer_ids, self.recompute, self.acc.mixed_precision))
         self._plan()
-        self._setup_measure(spec)
-
-    def _setup_measure(self, spec: TargetSpec):
-        """--eval-every: the target to decode with (the online one, else loaded for the purpose, on
-        the main process only: it alone decodes) and the prompt ids, before any step is spent."""
-        cfg = self.cfg
-        self.eval_target, self.eval_ids, self.best = None, [], None
-        if not cfg.eval_every:
-            return
-        if self.sharded:
-            raise TrainError("--eval-every cannot decode with a target sharded by FSDP: drop it and run "
-                             "`eagle3 eval` on the exported draft")
-        if cfg.eval_prompts:
-            self.eval_ids = train_eval.file_prompts(cfg.eval_prompts, load_tokenizer(spec), cfg.eval_samples)
-        else:
-            self.eval_ids = train_eval.store_prompts(self.store, self.val_idx, cfg.eval_samples, self.crop)
-            if not self.eval_ids:
-                raise TrainError("--eval-every decodes held-out prompts, and this run holds none out: set "
-                                 "--val-fraction above 0 or pass --eval-prompts FILE")
-        if self.acc.is_main_process:
-            self.eval_target = self.target if cfg.online else load_target(spec)
-        self._say(f"measured acceptance: {len(self.eval_ids)} prompts x {cfg.eval_new_tokens} new tokens, chain "
-                  f"{train_eval.CHAIN_STEPS}, every {cfg.eval_every} steps and at the end"
-                  + ("; the best measured step is exported" if cfg.keep == "best" else ""))
+        self.probe = train_eval.AcceptanceProbe.create(cfg, spec, self.store, self.val_idx, self.crop, self.target,
+                                                       self.sharded, self.acc.is_main_process, self._say)
 
     def _plan(self):
         cfg = self.cfg
@@ -529,7 +507,8 @@ class Trainer:
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
         self.step, self.history, self.val = start["step"], list(start.get("history", [])), start.get("val")
-        self.best = start.get("best")
+        if self.probe:
+            self.probe.best = start.get("best")
         self.log.start(cfg.to_dict())
         self._reset_meter()
         with LiveView(self.total_steps, self.console, acc.is_main_process and not self.quiet,
@@ -539,11 +518,11 @@ class Trainer:
         draft = acc.unwrap_model(self.model).draft
         result = TrainResult(self.out, draft, self.step, {}, self.history, stopped)
         if stopped is None:
-            if cfg.eval_every and not self._measured_at(self.step):
+            if self.probe and not any("measured" in h and h["step"] == self.step for h in self.history):
                 self._measure(cfg.epochs - 1)
             self._save(cfg.epochs, 0)
-            if cfg.keep == "best":
-                self._restore_best(draft)
+            if self.probe and self.probe.restore_best(draft, self.step, acc.device):
+                self.val = self.evaluate(draft)  # the held-out metrics of the exported weights
             result.metrics = self._finish(draft)
         self.log.end()
         return result
@@ -572,7 +551,7 @@ class Trainer:
             self.view.tick(self.step, self.meter.tokens - tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                 self._report(epoch)
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+            if self.probe and self.probe.due(self.step, self.total_steps):
                 self._measure(epoch)
             if self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self._save(epoch, gi + 1)
@@ -635,40 +614,15 @@ class Trainer:
                        + f", simulated tau {self.val['tau_sim']:.2f}")
 
     def _measure(self, epoch: int):
-        """--eval-every: the measured tau of the draft as it is now (decoded on the main process),
-        logged beside the simulated one of the held-out split; with --keep best, a new best step's
-        weights are written to checkpoints/best."""
-        acc, cfg = self.acc, self.cfg
-        draft = acc.unwrap_model(self.model).draft
-        measured = torch.zeros(3, dtype=torch.float64, device=acc.device)
-        if acc.is_main_process:
-            m = train_eval.measured_tau(self.eval_target, draft, self.eval_ids, cfg.eval_new_tokens)
-            measured += torch.tensor([m.tau, m.tokens, m.forwards], dtype=torch.float64, device=acc.device)
-        tau, tokens, forwards = acc.reduce(measured, "sum").tolist()  # the others add zeros
+        """--eval-every: the draft's measured tau, logged beside the held-out simulated one."""
+        draft = self.acc.unwrap_model(self.model).draft
+        measured = self.probe.measure(self.acc, draft, self.step)
         sim = self.evaluate(draft)
-        rec = {"step": self.step, "epoch": epoch,
-               "measured": {"tau": tau, "prompts": len(self.eval_ids), "tokens": int(tokens),
-                            "forwards": int(forwards), "tau_sim": sim["tau_sim"] if sim else None}}
+        measured["tau_sim"] = sim["tau_sim"] if sim else None
+        rec = {"step": self.step, "epoch": epoch, "measured": measured}
         self.history.append(rec)
         self.log.write(rec, self.step)
-        self.view.note(f"step {self.step}: measured tau {tau:.3f} (chain {train_eval.CHAIN_STEPS}, "
-                       f"{len(self.eval_ids)} prompts)" + (f", simulated {sim['tau_sim']:.3f}" if sim else ""))
-        if cfg.keep == "best" and (self.best is None or tau > self.best["tau"]):
-            self.best = {"step": self.step, "tau": tau}
-            if acc.is_main_process:
-                save_best(self.out, draft, self.best)
-            acc.wait_for_everyone()
-
-    def _measured_at(self, step: int) -> bool:
-        return any("measured" in h and h["step"] == step for h in self.history)
-
-    def _restore_best(self, draft):
-        """--keep best: the best measured step's weights into ``draft`` (then exported), and the
-        held-out metrics measured again on them when they are not the final step's."""
-        if self.best is None or self.best["step"] == self.step:
-            return
-        draft.load_state_dict(load_best(self.out, self.acc.device), strict=False)
-        self.val = self.evaluate(draft)
+        self.view.note(train_eval.note(self.step, measured))
 
     def _stop_nan(self, step: int) -> str:
         last = checkpoint_dirs(self.out)
@@ -679,45 +633,20 @@ class Trainer:
 
     def _save(self, epoch: int, group: int):
         state = {"step": self.step, "epoch": epoch, "group": group, "config": self.cfg.to_dict(),
-                 "recipe": self.recipe, "history": self.history, "val": self.val, "best": self.best}
+                 "recipe": self.recipe, "history": self.history, "val": self.val,
+                 "best": self.probe and self.probe.best}
         save_checkpoint(self.acc, self.out, self.draft, self.optimizer, self.scheduler, state,
                         self.cfg.keep_checkpoints)
 
     # -- output --
-    def metadata(self, step: int, metrics: dict) -> dict:
-        cfg, m = self.cfg, self.store.meta
-        data, datasets = trained_on(m.source)
-        return {
-            "target": self.model_id, "target_revision": cfg.revision or m.target_revision,
-            # the class the draft was trained against (a vision-language target's is not a causal LM)
-            "target_architectures": list(getattr(self.target_config, "architectures", None) or []),
-            "target_model_type": getattr(self.target_config, "model_type", None),
-            "chat_template_hash": m.chat_template_hash, "layer_ids": list(self.layer_ids),
-            "data": data, "num_samples": len(self.train_idx),
-            "num_tokens": int(sum(self.lengths[i] for i in self.train_idx)), "steps": step,
-            "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
-            "draft_vocab_size": self.vocab.size, "vocab_coverage": round(self.vocab.coverage, 6),
-            "recipe": self.recipe, "eagle3_version": __version__, "metrics": metrics,
-            "end_token_ids": self.end_token_ids(), "datasets": datasets, "created": date.today().isoformat(),
-            "mode": "online" if cfg.online else "offline", "mixed_precision": self.acc.mixed_precision,
-            **{k: getattr(cfg, k) for k in ("loss_on", "accept_loss", "feature_noise", "ttt_warmup")}}
-
-    def end_token_ids(self) -> list[int]:
-        """The end tokens the draft vocabulary holds (docs/design.md §4): recorded so that every
-        reader can check that the exported maps still hold them (publish/draft_check.py)."""
-        ends = list(self.store.meta.end_token_ids) or _as_list(getattr(text_config(self.target_config),
-                                                                      "eos_token_id", None))
-        kept = set(self.vocab.ids.tolist())
-        return sorted(int(t) for t in set(ends) if int(t) in kept)
-
     def _finish(self, draft) -> dict:
         """Export the draft with its metadata, check it with inspect, write the summary."""
         from ..publish.inspector import inspect_draft
 
         metrics = final_metrics(self.val, self.history, self.cfg.step_decay, self.acc.device)
-        metrics.update(measured_metrics(self.history, self.best, self.step))
+        metrics.update(measured_metrics(self.history, self.probe and self.probe.best, self.step))
         if self.acc.is_main_process:
-            save_draft(draft, self.out, self.metadata(self.step, metrics))
+            save_draft(draft, self.out, metadata(self, self.step, metrics))
             report = inspect_draft(self.out, self.target_config)
             if not report.ok:
                 raise TrainError(f"the exported draft in {self.out} fails inspection: {'; '.join(report.problems)}")
@@ -726,6 +655,34 @@ class Trainer:
                 self.console.print(summary_table(metrics, self.step, self.out))
         self.acc.wait_for_everyone()
         return metrics
+
+
+def metadata(t: "Trainer", step: int, metrics: dict) -> dict:
+    """The training record exported with the draft (config.json's eagle3_training, the card)."""
+    cfg, m = t.cfg, t.store.meta
+    data, datasets = trained_on(m.source)
+    return {
+        "target": t.model_id, "target_revision": cfg.revision or m.target_revision,
+        # the class the draft was trained against (a vision-language target's is not a causal LM)
+        "target_architectures": list(getattr(t.target_config, "architectures", None) or []),
+        "target_model_type": getattr(t.target_config, "model_type", None),
+        "chat_template_hash": m.chat_template_hash, "layer_ids": list(t.layer_ids),
+        "data": data, "num_samples": len(t.train_idx),
+        "num_tokens": int(sum(t.lengths[i] for i in t.train_idx)), "steps": step,
+        "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
+        "draft_vocab_size": t.vocab.size, "vocab_coverage": round(t.vocab.coverage, 6),
+        "recipe": t.recipe, "eagle3_version": __version__, "metrics": metrics,
+        "end_token_ids": end_token_ids(t), "datasets": datasets, "created": date.today().isoformat(),
+        "mode": "online" if cfg.online else "offline", "mixed_precision": t.acc.mixed_precision,
+        **{k: getattr(cfg, k) for k in ("loss_on", "accept_loss", "feature_noise", "ttt_warmup")}}
+
+
+def end_token_ids(t: "Trainer") -> list[int]:
+    """The end tokens the draft vocabulary holds (docs/design.md §4): recorded so that every
+    reader can check that the exported maps still hold them (publish/draft_check.py)."""
+    ends = list(t.store.meta.end_token_ids) or _as_list(getattr(text_config(t.target_config), "eos_token_id", None))
+    kept = set(t.vocab.ids.tolist())
+    return sorted(int(e) for e in set(ends) if int(e) in kept)
 
 
 def noise_seed(seed: int, step: int, micro: int, rank: int) -> int:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..model.target import logit_softcap, output_head
+from ..model.target import finish_logits, output_head
 
 # q [B,h,T,d], keys/values: list of [B,kv,T,d] (kv divides h: grouped-query heads, not yet
 # repeated); [0] = step-0 (causal), [1:] = diagonal steps.
@@ -192,7 +192,6 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor, use
     head = output_head(target)
     dtype = getattr(target, "compute_dtype", None) or head.weight.dtype
     weight, bias = head.weight, getattr(head, "bias", None)
-    cap = logit_softcap(target)
     vocab_ids = vocab_ids.to(final.device)
     to_draft = None  # full vocabulary id -> draft id (-1 outside), when the logits span the full vocabulary
     if full_argmax:
@@ -209,9 +208,7 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor, use
     index = torch.full((b * t,), -1, dtype=torch.long, device=final.device)
     for i in range(0, where.numel(), chunk):
         pos = where[i:i + chunk]
-        logits = F.linear(flat[pos].to(dtype), weight, bias).float()
-        if cap:  # Gemma-2/3 (target.lm_logits)
-            logits = torch.tanh(logits / cap) * cap
+        logits = finish_logits(target, F.linear(flat[pos].to(dtype), weight, bias).float())
         index[pos] = to_draft[logits.argmax(-1)] if to_draft is not None else logits.argmax(-1)
         probs[i:i + chunk] = torch.softmax(logits[:, vocab_ids] if to_draft is not None else logits, dim=-1)
     return Teacher(probs, slot.view(b, t), index.view(b, t))
