@@ -119,3 +119,24 @@ def test_gen_data_to_a_log_writes_a_progress_line_every_interval_with_a_slow_tar
     assert float(mid.group(3)) > 0 and re.fullmatch(r"\d+:\d\d", mid.group(6))  # a rate, so an ETA
     last = progress[-1][1]
     assert (last.group(2), last.group(6)) == ("100", "0:00")
+
+
+def test_train_view_says_each_phase_estimate_once_from_its_measured_steps(monkeypatch):
+    """The first step of a phase allocates and is not timed; two timed steps give the rate; the
+    --ttt-warmup phase and the full unroll each get their own estimate, once."""
+    from eagle3cli.train.train_report import LiveView
+
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    buf, console = log_console()
+    with LiveView(10, console, True, warmup=4) as view:
+        view.update(0, None, 0.0)
+        for step, (seconds, tokens) in enumerate([(5, 1000), (1, 1000), (1, 1000), (1, 1000),
+                                                  (9, 3000), (3, 3000), (3, 3000), (3, 3000)], start=1):
+            clock.now += seconds
+            view.tick(step, tokens)
+    said = [line for line in buf.getvalue().splitlines() if line.startswith("train: ~")]
+    assert said == [
+        "train: ~1 s for 1,000 tokens at the measured 1,000 tokens/s (the 1 --ttt-warmup steps left, one TTT step "
+        "each; the full steps after them are timed when they start)",
+        "train: ~9 s for 9,000 tokens at the measured 1,000 tokens/s (the 3 steps left)"]

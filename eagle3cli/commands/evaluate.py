@@ -71,15 +71,19 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
 
 
 def _with_progress(n_prompts: int, run):
-    """``run(advance)`` under a progress bar of ``n_prompts`` (one line per prompt in a log file)."""
+    """``run(advance)`` under a progress bar of ``n_prompts`` (in a log file one line per prompt, and
+    one at least every 30 s while a prompt runs: core/progress.py)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..core.progress import LogProgress
+
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
+                  console=console) as bar, LogProgress("eval", n_prompts, "prompts", console) as log:
         job = bar.add_task("prompts", total=n_prompts)
 
         def advance():
             bar.advance(job)
+            log.update(advance=1)
             if not console.is_terminal:  # a log file gets no live bar: one line per prompt
                 t = bar.tasks[0]
                 console.print(f"eval: {int(t.completed)}/{n_prompts} prompts, {int(t.elapsed or 0)} s",

@@ -65,6 +65,9 @@ def quickstart(
     table.add_row("draft folder", str(res.draft))
     table.add_row("Hub-ready folder", str(res.hub_folder))
     table.add_row("wall time", " + ".join(f"{k} {v:.0f}s" for k, v in res.seconds.items()))
+    if res.plan is not None:
+        table.add_row("budget", f"{opts.budget:g} min: planned {res.plan['plan']['total_s'] / 60:.1f}, "
+                                f"took {sum(res.seconds.values()) / 60:.1f}")
     out = report_console()
     out.print(table)
     out.print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"

@@ -109,6 +109,12 @@ def final_metrics(val: dict | None, history: list, step_decay: float, device) ->
     return metrics
 
 
+def epoch_note(epoch: int, val: dict, step_decay: float) -> str:
+    """The live view's line for an epoch's held-out metrics."""
+    return (f"epoch {epoch + 1}: held-out loss {decayed_loss(val['loss'], step_decay):.3f}, acc "
+            + " ".join(f"{a:.2f}" for a in val["acc"]) + f", simulated tau {val['tau_sim']:.2f}")
+
+
 def measured_metrics(history: list, best: dict | None, step: int) -> dict:
     """--eval-every: the exported draft's measured tau and the step its weights are from (the best
     measured step with --keep best, else the final step); {} without measurements."""
@@ -172,13 +178,22 @@ def summary_table(metrics: dict, step: int, out: Path):
 
 
 class LiveView:
-    """Rich progress bar with step, loss, per-step accuracies, tokens/s and ETA."""
+    """Rich progress bar with step, loss, per-step accuracies, tokens/s and ETA; in a log file a
+    plain line at least every 30 s besides (core/progress.py); and, a few steps into each phase
+    (the --ttt-warmup steps, then the full unroll), how long the phase's remaining steps will take
+    at the rate just measured (core/estimate.py)."""
 
-    def __init__(self, total: int, console, enabled: bool):
+    MEASURED_STEPS = 2  # steps timed before the estimate (after each phase's first, which allocates)
+
+    def __init__(self, total: int, console, enabled: bool, warmup: int = 0):
         self.enabled = enabled
         self.total = total
         self.console = console
         self.progress = None
+        self.warmup = warmup
+        self.log = None  # LogProgress, from the first update (it knows the step a resumed run starts at)
+        self.info = ""
+        self.phase = None  # (warm-up?, time, steps timed, tokens timed, estimate said?)
 
     def __enter__(self):
         if self.enabled:
@@ -197,6 +212,13 @@ class LiveView:
         if rec is not None:
             info = (f"loss {rec['loss']:.3f}  acc " + " ".join(f"{a:.2f}" for a in rec["acc"])
                     + f"  {rate:,.0f} tok/s")
+            self.info = info.replace("  ", ", ")
+        if self.log is None:
+            from ..core.progress import LogProgress
+
+            self.log = LogProgress("train", self.total, "steps", self.progress.console, done0=step,
+                                   extra=lambda: self.info)
+        self.log.update(step)
         self.progress.update(self.task, completed=step, info=info)
         if rec is not None and not self.progress.console.is_terminal:
             # a log file gets no live bar (rich draws it once, at the end): one line per log point
@@ -204,10 +226,42 @@ class LiveView:
             eta = f"  eta {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
             self.progress.console.print(f"step {step}/{self.total}  {info}{eta}", highlight=False)
 
+    def tick(self, step: int, tokens: int):
+        """One optimizer step done (``tokens``: its training tokens): time the phase it belongs to
+        and, once MEASURED_STEPS are timed, say once how long the phase's remaining steps take."""
+        import time
+
+        if self.progress is None:
+            return
+        if self.log is not None:
+            self.log.update(step)
+        warm = step <= self.warmup
+        now = time.perf_counter()
+        if self.phase is None or self.phase[0] != warm:
+            self.phase = [warm, now, 0, 0, False]  # this first step of the phase is not timed
+            return
+        ph = self.phase
+        ph[2] += 1
+        ph[3] += tokens
+        if ph[4] or ph[2] < self.MEASURED_STEPS:
+            return
+        ph[4] = True
+        end = self.warmup if warm else self.total
+        left = end - step
+        if left > 0:
+            from ..core.estimate import eta_line
+
+            rate = ph[3] / max(1e-9, now - ph[1])
+            how = (f"(the {left} --ttt-warmup steps left, one TTT step each; the full steps after them are timed "
+                   "when they start)" if warm else f"(the {left} steps left)")
+            self.note(eta_line("train", left * ph[3] / ph[2], "tokens", rate, how))
+
     def note(self, text: str):
         if self.progress is not None:
             self.progress.console.print(text, highlight=False)
 
     def __exit__(self, *exc):
+        if self.log is not None:
+            self.log.close(final=exc[0] is None)
         if self.progress is not None:
             self.progress.__exit__(*exc)

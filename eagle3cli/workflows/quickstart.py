@@ -160,10 +160,17 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
                      tree_auto=auto)
     from rich.progress import Progress
 
-    with Progress(transient=True) as bar:
+    from ..core.progress import LogProgress
+
+    with Progress(transient=True) as bar, LogProgress("eval", opts.eval_prompts, "prompts", bar.console) as lines:
         job = bar.add_task("eval (plain + speculative)", total=opts.eval_prompts)
+
+        def advance():
+            bar.advance(job)
+            lines.update(advance=1)
+
         results = evaluate_spec(spec, tok, lambda target: load_draft(draft, target=target)[0].eval(), cfg,
-                                progress=lambda: bar.advance(job), log=lambda m: None)
+                                progress=advance, log=lambda m: None)
     results.update(target=model, draft=str(draft))
     write_results(results, out)
     return results
