@@ -105,3 +105,75 @@ def measured_tau(target, draft, prompts: list[torch.Tensor], new_tokens: int, eo
         draft.train(was_training)
     tokens, forwards = sum(o.decode_tokens for o in outs), sum(o.forwards for o in outs)
     return Measured(tokens / forwards if forwards else float("nan"), len(outs), tokens, forwards)
+
+
+class AcceptanceProbe:
+    """--eval-every through a run: the target it decodes with (on the main process only: it alone
+    decodes), the prompt ids, and with --keep best the best measured step so far ({step, tau},
+    carried by the checkpoints; its weights wait in checkpoints/best)."""
+
+    def __init__(self, cfg, target, prompts: list[torch.Tensor]):
+        self.cfg, self.target, self.prompts, self.out = cfg, target, prompts, Path(cfg.out)
+        self.best: dict | None = None
+
+    @classmethod
+    def create(cls, cfg, spec, store, val_idx: list[int], crop: int, online_target, sharded: bool, main: bool,
+               say) -> AcceptanceProbe | None:
+        """None without --eval-every; else the prompts and the target, before any step is spent."""
+        from ..model.target import load_target, load_tokenizer
+
+        if not cfg.eval_every:
+            return None
+        if sharded:
+            raise TrainError("--eval-every cannot decode with a target sharded by FSDP: drop it and run "
+                             "`eagle3 eval` on the exported draft")
+        if cfg.eval_prompts:
+            prompts = file_prompts(cfg.eval_prompts, load_tokenizer(spec), cfg.eval_samples)
+        else:
+            prompts = store_prompts(store, val_idx, cfg.eval_samples, crop)
+            if not prompts:
+                raise TrainError("--eval-every decodes held-out prompts, and this run holds none out: set "
+                                 "--val-fraction above 0 or pass --eval-prompts FILE")
+        target = (online_target if cfg.online else load_target(spec)) if main else None
+        say(f"measured acceptance: {len(prompts)} prompts x {cfg.eval_new_tokens} new tokens, chain {CHAIN_STEPS}, "
+            f"every {cfg.eval_every} steps and at the end"
+            + ("; the best measured step is exported" if cfg.keep == "best" else ""))
+        return cls(cfg, target, prompts)
+
+    def due(self, step: int, total: int) -> bool:
+        """A measurement after this step (the end's is taken apart, once the loop is done)."""
+        return step % self.cfg.eval_every == 0 and step < total
+
+    def measure(self, acc, draft, step: int) -> dict:
+        """The draft's measured tau now, decoded on the main process and shared with the others;
+        with --keep best, a new best step's weights are written to checkpoints/best."""
+        from .checkpoints import save_best
+
+        sums = torch.zeros(3, dtype=torch.float64, device=acc.device)
+        if acc.is_main_process:
+            m = measured_tau(self.target, draft, self.prompts, self.cfg.eval_new_tokens)
+            sums += torch.tensor([m.tau, m.tokens, m.forwards], dtype=torch.float64, device=acc.device)
+        tau, tokens, forwards = acc.reduce(sums, "sum").tolist()  # the other processes add zeros
+        if self.cfg.keep == "best" and (self.best is None or tau > self.best["tau"]):
+            self.best = {"step": step, "tau": tau}
+            if acc.is_main_process:
+                save_best(self.out, draft, self.best)
+            acc.wait_for_everyone()
+        return {"tau": tau, "prompts": len(self.prompts), "tokens": int(tokens), "forwards": int(forwards)}
+
+    def restore_best(self, draft, step: int, device) -> bool:
+        """--keep best: the best measured step's weights into ``draft`` (then exported); False when
+        there is nothing to restore (no best, or it is the final step ``step``)."""
+        from .checkpoints import load_best
+
+        if self.cfg.keep != "best" or self.best is None or self.best["step"] == step:
+            return False
+        draft.load_state_dict(load_best(self.out, device), strict=False)
+        return True
+
+
+def note(step: int, measured: dict) -> str:
+    """The live view's line for one measurement."""
+    sim = measured.get("tau_sim")
+    return (f"step {step}: measured tau {measured['tau']:.3f} (chain {CHAIN_STEPS}, {measured['prompts']} prompts)"
+            + (f", simulated {sim:.3f}" if sim is not None else ""))

@@ -50,8 +50,8 @@ from ..core.hf_utils import eos_token_ids, text_config
 from ..model.target import (TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer,
                             output_head)
 from ..config.train_config import TrainConfig, TrainError, check_trackers, draft_options
-from .train_report import (LOG, LiveView, Meter, RunLog, decayed_loss, final_metrics, measured_metrics, summary_table,
-                           trained_on)
+from .train_report import (LOG, LiveView, Meter, RunLog, decayed_loss, epoch_note, final_metrics, measured_metrics,
+                           summary_table, trained_on)
 from ..model.sharded_target import check_fsdp, fsdp_requested, no_sync, padded, prepare_draft, shard_target
 from .ttt import TTTModel, teacher_from_final, teacher_rows
 from ..model.vocab import build_vocab
@@ -499,11 +499,7 @@ class Trainer:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc = self.cfg, self.acc
         ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
-        named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in named]
-        optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.params, optimizer, self.scheduler = optimizer_and_schedule(cfg, ttt, self.total_steps)
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
         self.step, self.history, self.val = start["step"], list(start.get("history", [])), start.get("val")
@@ -546,7 +542,7 @@ class Trainer:
                 return None
             tokens = self.meter.tokens
             if not self._optimizer_step(groups[gi]):
-                return self._stop_nan(self.step)
+                return stop_nan(self.out, self.step, self._say)
             self.step += 1
             self.view.tick(self.step, self.meter.tokens - tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -609,27 +605,17 @@ class Trainer:
         rec = {"step": self.step, "epoch": epoch, "val": self.val}
         self.history.append(rec)
         self.log.write(rec, self.step)
-        self.view.note(f"epoch {epoch + 1}: held-out loss {decayed_loss(self.val['loss'], self.cfg.step_decay):.3f}"
-                       ", acc " + " ".join(f"{a:.2f}" for a in self.val["acc"])
-                       + f", simulated tau {self.val['tau_sim']:.2f}")
+        self.view.note(epoch_note(epoch, self.val, self.cfg.step_decay))
 
     def _measure(self, epoch: int):
         """--eval-every: the draft's measured tau, logged beside the held-out simulated one."""
         draft = self.acc.unwrap_model(self.model).draft
         measured = self.probe.measure(self.acc, draft, self.step)
-        sim = self.evaluate(draft)
-        measured["tau_sim"] = sim["tau_sim"] if sim else None
+        measured["tau_sim"] = (self.evaluate(draft) or {}).get("tau_sim")
         rec = {"step": self.step, "epoch": epoch, "measured": measured}
         self.history.append(rec)
         self.log.write(rec, self.step)
         self.view.note(train_eval.note(self.step, measured))
-
-    def _stop_nan(self, step: int) -> str:
-        last = checkpoint_dirs(self.out)
-        where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"
-        msg = f"loss became NaN/inf at step {step + 1}: stopped without applying that update; {where}"
-        self._say(f"[bold red]{msg}[/]")
-        return msg
 
     def _save(self, epoch: int, group: int):
         state = {"step": self.step, "epoch": epoch, "group": group, "config": self.cfg.to_dict(),
@@ -683,6 +669,23 @@ def end_token_ids(t: "Trainer") -> list[int]:
     ends = list(t.store.meta.end_token_ids) or _as_list(getattr(text_config(t.target_config), "eos_token_id", None))
     kept = set(t.vocab.ids.tolist())
     return sorted(int(e) for e in set(ends) if int(e) in kept)
+
+
+def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
+    """(trainable parameters, --optimizer over them, the warm-up + cosine LR schedule)."""
+    named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
+    optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+    return [p for _, p in named], optimizer, schedule
+
+
+def stop_nan(out: Path, step: int, say) -> str:
+    """Why the run stops at a NaN/inf loss, and which checkpoint to go back to (said and returned)."""
+    last = checkpoint_dirs(out)
+    where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"
+    msg = f"loss became NaN/inf at step {step + 1}: stopped without applying that update; {where}"
+    say(f"[bold red]{msg}[/]")
+    return msg
 
 
 def noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
