@@ -143,6 +143,8 @@ def fake_endpoint(monkeypatch, replies):
 def test_regeneration_keeps_the_datasets_tool_exchange_as_unlearned_context(qwen, monkeypatch):
     system, steps = prompt_turns(TOOL_CONV)
     assert system == [] and [[m["role"] for m in s] for s in steps] == [["user", "assistant", "tool"], ["user"]]
+    two = [{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]  # separate prompts (turns format)
+    assert prompt_turns(two) == ([], [[two[0]], [two[1]]])
     ep, sent = fake_endpoint(monkeypatch, [{"content": "Sunny, 21."}, {"content": "Any time."}])
     (out,), stats = regenerate_endpoint(ep, [TOOL_CONV], GenSettings(), tools=[TOOLS])
     assert stats.answers == 2 and sent[0]["tools"] == TOOLS
@@ -217,3 +219,81 @@ def test_last_turn_only_learns_just_the_last_answer(qwen):
     assert_learned(qwen, s["input_ids"], s["loss_mask"], ["You are welcome.<|im_end|>"])
     full, _ = build_sample(qwen, Conversation(0, TOOL_CONV, TOOLS), 4096)
     assert full["input_ids"] == s["input_ids"]  # the same context; only the mask differs
+
+
+# ------------------------------------------------------------------ through the gen-data command
+
+
+@pytest.fixture(scope="module")
+def qwen_tiny_dir(tmp_path_factory):
+    from tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("qwen2_tiny"), "qwen2", tokenizer_dir=QWEN_TOKENIZER,
+                     num_hidden_layers=4)
+
+
+def stored(out: Path):
+    from safetensors.torch import load_file
+
+    shard = load_file(next((out / "shards").glob("*.safetensors")))
+    offs = shard["offsets"].tolist()
+    return [(shard["input_ids"][a:b].tolist(), shard["loss_mask"][a:b].tolist()) for a, b in zip(offs, offs[1:])]
+
+
+def gen_data(*args):
+    from typer.testing import CliRunner
+
+    from eagle3cli.cli import app
+
+    return CliRunner().invoke(app, ["gen-data", *[str(a) for a in args], "--features", "none"])
+
+
+def test_gen_data_learns_tool_calls_and_records_last_turn_only(qwen_tiny_dir, qwen, tmp_path):
+    rows = [{"tools": TOOLS, "messages": TOOL_CONV}]
+    (tmp_path / "tools.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = gen_data("--model", qwen_tiny_dir, "--data", tmp_path / "tools.jsonl", "--out", tmp_path / "a",
+                 "--no-regenerate")
+    assert r.exit_code == 0, r.output
+    (ids, mask), = stored(tmp_path / "a")
+    assert "# Tools" in qwen.decode(ids)
+    assert_learned(qwen, ids, mask, [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+        "It is 21 degrees in Paris.<|im_end|>", "You are welcome.<|im_end|>"])
+    r = gen_data("--model", qwen_tiny_dir, "--data", tmp_path / "tools.jsonl", "--out", tmp_path / "b",
+                 "--no-regenerate", "--last-turn-only")
+    assert r.exit_code == 0, r.output
+    (ids_b, mask_b), = stored(tmp_path / "b")
+    assert ids_b == ids
+    assert_learned(qwen, ids_b, mask_b, ["You are welcome.<|im_end|>"])
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["run"]["last_turn_only"] is True
+
+
+def test_gen_data_reasoning_keep_regenerates_with_thinking_on(qwen_tiny_dir, qwen, tmp_path):
+    rows = [{"turns": ["What is 2+3?", "And times 4?"]}, {"turns": ["Name a colour."]}]
+    (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = gen_data("--model", qwen_tiny_dir, "--data", tmp_path / "q.jsonl", "--out", tmp_path / "out",
+                 "--chat-template", TEMPLATES / "qwen3_tools_thinking.jinja", "--reasoning", "keep",
+                 "--max-new-tokens", "3")
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert man["run"]["reasoning"] == "keep"
+    regen = [json.loads(ln) for ln in (tmp_path / "out" / "regenerated" / "part-00000.jsonl").read_text().splitlines()]
+    answers = [m for row in regen for m in row["messages"] if m["role"] == "assistant"]
+    samples = stored(tmp_path / "out")
+    assert len(samples) == len(answers)  # one sample per regenerated turn
+    learned = []
+    for ids, mask in samples:
+        n = sum(mask)
+        assert mask[len(ids) - n:] == [True] * n  # the answer ends each sample, and only it is learned
+        learned.append(ids[len(ids) - n:])
+        # the target answered from the thinking-on prompt (thinking off would end it with an empty think block)
+        assert qwen.decode(ids[:len(ids) - n]).endswith("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n") \
+            or qwen.decode(ids[:len(ids) - n]).endswith("Name a colour.<|im_end|>\n<|im_start|>assistant\n")
+    assert sorted(learned) == sorted(a["token_ids"] for a in answers)
+
+
+def test_gen_data_refuses_reasoning_with_a_template_without_thinking(qwen_tiny_dir, tmp_path):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Hi"]}) + "\n")
+    r = gen_data("--model", qwen_tiny_dir, "--data", tmp_path / "q.jsonl", "--out", tmp_path / "out",
+                 "--reasoning", "keep")
+    assert r.exit_code != 0 and "no thinking" in r.output and "Traceback" not in r.output

@@ -100,7 +100,11 @@ def prompt_turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]]]:
     system = [m for m in messages if m["role"] == "system"][:1]
     steps, cur = [], []
     for m in messages:
-        if m["role"] in ("user", "tool"):
+        if m["role"] == "user":  # every user turn is answered on its own (unanswered prompts too)
+            if cur:
+                steps.append(cur)
+            cur = [m]
+        elif m["role"] == "tool":
             cur.append(m)
         elif m["role"] == "assistant" and m.get("tool_calls") and cur:
             cur.append({**m, "learn": False})
