@@ -297,3 +297,36 @@ def test_gen_data_refuses_reasoning_with_a_template_without_thinking(qwen_tiny_d
     r = gen_data("--model", qwen_tiny_dir, "--data", tmp_path / "q.jsonl", "--out", tmp_path / "out",
                  "--reasoning", "keep")
     assert r.exit_code != 0 and "no thinking" in r.output and "Traceback" not in r.output
+
+
+def test_local_regeneration_renders_the_tools_and_answers_after_the_results(qwen_tiny_dir, qwen):
+    from transformers import AutoModelForCausalLM
+
+    from eagle3cli.data.chat_mask import end_of_turn_ids
+    from eagle3cli.data.regenerate import regenerate_local
+
+    model = AutoModelForCausalLM.from_pretrained(qwen_tiny_dir).eval()
+    settings = GenSettings(max_new_tokens=3, batch_size=2)
+    prompts = []
+    real = qwen.apply_chat_template
+
+    def spy(messages, *a, **kw):
+        if kw.get("add_generation_prompt"):
+            prompts.append(real(messages, *a, **kw))
+        return real(messages, *a, **kw)
+
+    qwen.apply_chat_template = spy
+    try:
+        for continuous in (True, False):
+            prompts.clear()
+            (out,), stats = regenerate_local(model, qwen, [TOOL_CONV[:4]], settings, end_of_turn_ids(qwen),
+                                             tools=[TOOLS], continuous=continuous)
+            assert [m["role"] for m in out] == ["user", "assistant", "tool", "assistant"]
+            assert out[1] == {**TOOL_CONV[1], "learn": False} and out[2] == TOOL_CONV[2]
+            assert len(out[3]["token_ids"]) == 3 and stats.answers == 1
+            assert prompts and all("# Tools" in p and p.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+                                   for p in prompts[-1:])
+    finally:
+        qwen.apply_chat_template = real
+    s, _ = build_sample(qwen, Conversation(0, out, TOOLS), 4096)
+    assert [i for i, m in zip(s["input_ids"], s["loss_mask"]) if m] == out[3]["token_ids"]  # the call is not learned

@@ -827,7 +827,8 @@ def why_unusable(tokenizer, conv: Conversation, o: GenDataOptions, sample_kw: di
     try:
         if o.regenerate:  # the answers are generated: the first prompt must leave room for one
             first = conv.messages[:2] if conv.messages[0]["role"] == "system" else conv.messages[:1]
-            text = render(tokenizer, first, add_generation_prompt=True)
+            kw = {**(sample_kw or {}).get("template_kwargs", {}), **({"tools": conv.tools} if conv.tools else {})}
+            text = render(tokenizer, first, add_generation_prompt=True, **kw)
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
             return "first prompt reaches --max-length" if n >= o.max_length else None
         conversation_samples(tokenizer, conv, o.max_length, **(sample_kw or {}))
