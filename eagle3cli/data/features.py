@@ -53,6 +53,7 @@ FORMAT_VERSION = 1
 # Only names gen-data writes: "shard-00-00000 (copy).safetensors" and the like are not shards.
 SHARD_FILE = re.compile(r"^shard-(\d{2})-(\d{5})\.safetensors$")
 SIDECAR_FILE = re.compile(r"^shard-(\d{2})-(\d{5})\.json$")
+MAX_SHARDS = 100_000  # what the 5-digit shard index can name
 
 
 class StoreError(Eagle3Error, ValueError):
@@ -81,6 +82,49 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# A sidecar's fields (gen_data.process_shard) and their JSON types; every reader goes through read_sidecar.
+SIDECAR_INTS = ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes")
+
+
+def read_sidecar(path: Path) -> dict:
+    """A shard's stats sidecar, type-checked: StoreError naming the file and the field otherwise
+    (a hand-edited or damaged sidecar is one line, never a KeyError in a sum)."""
+    path = Path(path)
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path} is unreadable ({e}): rerun the gen-data command to redo that shard") from None
+
+    def bad(name, want):
+        value = stats.get(name) if isinstance(stats, dict) else stats
+        return StoreError(f"{path}: {name} must be {want}, got {value!r}: rerun the gen-data command to redo that "
+                          "shard")
+
+    if not isinstance(stats, dict):
+        raise bad("the sidecar", "a JSON object")
+    if not isinstance(stats.get("file"), (str, type(None))) or (stats.get("file") and not SHARD_FILE.match(stats["file"])):
+        raise bad("file", "the shard's file name")
+    for k in SIDECAR_INTS:
+        v = stats.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(k, "a non-negative integer")
+    if not stats.get("file") and stats["num_samples"]:
+        raise bad("file", f"the file of its {stats['num_samples']} samples")
+    if stats.get("file") and not isinstance(stats.get("sha256"), (str, type(None))):
+        raise bad("sha256", "a hex digest")
+    for k in ("skipped", "regeneration"):
+        if not isinstance(stats.get(k) or {}, dict):
+            raise bad(k, "an object")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stats.get("skipped") or {}).values()):
+        raise bad("skipped", "counts")
+    ends = stats.get("end_token_ids", [])
+    if not isinstance(ends, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ends):
+        raise bad("end_token_ids", "a list of token ids")
+    if not isinstance(stats.get("unlearned_answers", 0), int):
+        raise bad("unlearned_answers", "an integer")
+    return stats
+
+
 def shard_problem(sidecar: Path, hash: bool = True) -> str | None:
     """Why the shard a sidecar describes cannot be trusted (None: it is what was written).
 
@@ -88,9 +132,9 @@ def shard_problem(sidecar: Path, hash: bool = True) -> str | None:
     replaced after gen-data, or a missing one is caught before anything relies on it.
     """
     try:
-        stats = json.loads(Path(sidecar).read_text())
-    except (OSError, ValueError):
-        return f"{Path(sidecar).name} is unreadable"
+        stats = read_sidecar(sidecar)
+    except StoreError as e:
+        return str(e).rsplit(": rerun", 1)[0]
     if not stats.get("file"):
         return None  # a shard whose conversations were all skipped: no file to check
     path = Path(sidecar).parent / stats["file"]
@@ -110,10 +154,7 @@ def store_shard_files(root: Path) -> list[Path]:
     shard_dir = Path(root) / SHARD_DIR
     named = []
     for side in sidecars(shard_dir).values():
-        try:
-            file = json.loads(side.read_text()).get("file")
-        except (OSError, ValueError):
-            raise StoreError(f"{side} is unreadable: rerun the gen-data command to redo that shard") from None
+        file = read_sidecar(side).get("file")
         if file:
             named.append(shard_dir / file)
     if not named and not sidecars(shard_dir):
@@ -256,18 +297,18 @@ def aggregate(out: Path, base: dict, n_shards: int) -> dict:
     regen = Counter()
     done = finished_shards(out)
     for side in done.values():
-        s = json.loads(side.read_text())
+        s = read_sidecar(side)
         for k in ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes"):
             totals[k] += s[k]
         totals["unlearned_answers"] += s.get("unlearned_answers", 0)
-        skipped.update(s["skipped"])
-        ends.update(s["end_token_ids"])
+        skipped.update(s.get("skipped") or {})
+        ends.update(s.get("end_token_ids") or [])
         regen.update(s.get("regeneration") or {})
     for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers"):
         man[k] = totals[k]
     man["skipped"] = dict(skipped)
     man["end_token_ids"] = sorted(ends)
-    man["source"] = dict(man["source"], regeneration=dict(regen) if regen else None)
+    man["source"] = dict(man.get("source") or {}, regeneration=dict(regen) if regen else None)
     man["shards_planned"] = n_shards
     man["shards_done"] = len(done)
     man["complete"] = len(done) == n_shards and totals["num_samples"] > 0  # an empty store is no result
@@ -330,6 +371,18 @@ class Manifest:
             return v
 
         target = get("target", dict) or {}
+        for name in ("run", "skipped"):  # what merge-data fingerprints and sums
+            get(name, dict)
+        if not isinstance((get("source", dict) or {}).get("skipped") or {}, dict):
+            raise bad("source.skipped", "an object", raw["source"]["skipped"])
+        for name in ("num_samples", "num_tokens", "shards_done"):
+            if get(name, int) is not None and raw[name] < 0:
+                raise bad(name, "a non-negative integer", raw[name])
+        for name, top in (("hidden_size", 1 << 16), ("vocab_size", 1 << 24), ("num_layers", 1 << 12)):
+            if get(name, int) is not None and not 0 < raw[name] <= top:
+                raise bad(name, f"an integer from 1 to {top:,}", raw[name])
+        if not 0 <= (get("shards_planned", int) or 0) <= MAX_SHARDS:  # shard files number at most 5 digits
+            raise bad("shards_planned", f"an integer from 1 to {MAX_SHARDS}", raw["shards_planned"])
         version = get("version", int, str)
         try:
             version = int(version) if version is not None else None
@@ -377,7 +430,7 @@ class FeatureStore:
         for i, p in enumerate(self.shards):
             if not p.is_file():
                 raise StoreError(f"store {self.root}: {p.name} is missing: rerun the gen-data command to redo it")
-            off = self._open(i).get_tensor("offsets")
+            off = check_shard(self._open(i), p, self.meta)
             self._offsets.append(off)
             starts.append(starts[-1] + off.numel() - 1)
         self._starts = starts
@@ -389,7 +442,7 @@ class FeatureStore:
 
             try:
                 h = safe_open(str(self.shards[i]), framework="pt")
-            except SafetensorError as e:
+            except (SafetensorError, OSError, ValueError) as e:
                 raise StoreError(f"store {self.root}: {self.shards[i].name} is unreadable ({e}): rerun the "
                                  "gen-data command to redo it") from None
             self._handles[i] = h
@@ -476,6 +529,55 @@ class FeatureStore:
 
 # ---------------------------------------------------------------- checks before a store is trusted
 
+INT_DTYPES = ("I32", "I64")
+FEATURE_DTYPES = ("BF16", "F16", "F32")
+
+
+def check_shard(handle, path: Path, meta: Manifest) -> torch.Tensor:
+    """A shard's layout against the store contract (module docstring) and its manifest, from the
+    header and the small index tensors only: every tensor present with its dtype and shape,
+    offsets running from 0 to the token count, token counts inside the vocabulary. Returns the
+    offsets. (The bytes themselves are checked against the sidecar's sha256: check_complete.)"""
+    def bad(what: str) -> StoreError:
+        return StoreError(f"{path}: {what}: rerun the gen-data command to redo that shard")
+
+    names = set(handle.keys())
+    need = ["input_ids", "loss_mask", "offsets", "sample_ids", "count_ids", "count_values"]
+    need += ["aux", "final"] if meta.has_features else []
+    missing = [k for k in need if k not in names]
+    if missing:
+        raise bad(f"tensors {missing} are missing")
+    shape = {k: tuple(handle.get_slice(k).get_shape()) for k in need}
+    dtype = {k: handle.get_slice(k).get_dtype() for k in need}
+    want = {"input_ids": INT_DTYPES, "loss_mask": ("BOOL",), "offsets": ("I64",), "sample_ids": ("I64",),
+            "count_ids": ("I64",), "count_values": ("I64",), "aux": FEATURE_DTYPES, "final": FEATURE_DTYPES}
+    recorded = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(meta.raw.get("dtype"))
+    if recorded:  # the manifest's feature dtype (gen-data --feature-dtype)
+        want.update(aux=(recorded,), final=(recorded,))
+    for k in need:
+        if dtype[k] not in want[k]:
+            raise bad(f"{k} has dtype {dtype[k]}, expected {' or '.join(want[k])}")
+    tokens = shape["input_ids"][0] if len(shape["input_ids"]) == 1 else -1
+    off = handle.get_tensor("offsets")
+    n = off.numel() - 1
+    ht = meta.hidden_size
+    expect = {"input_ids": (tokens,), "loss_mask": (tokens,), "offsets": (n + 1,), "sample_ids": (n,),
+              "count_values": shape["count_ids"][:1]}
+    if meta.has_features:
+        expect.update(aux=(tokens, 3 * ht if ht else shape["aux"][-1]), final=(tokens, ht or shape["final"][-1]))
+    for k, s in expect.items():
+        if tokens < 0 or n < 0 or shape[k] != s or len(shape["count_ids"]) != 1:
+            raise bad(f"{k} has shape {list(shape[k])}, the shard's input_ids and the manifest imply {list(s)}")
+    if int(off[0]) != 0 or int(off[-1]) != tokens or bool((off[1:] < off[:-1]).any()):
+        raise bad(f"offsets do not run from 0 to the {tokens} tokens in increasing steps")
+    ids, counts = handle.get_tensor("count_ids"), handle.get_tensor("count_values")
+    v = meta.vocab_size
+    if bool((ids < 0).any()) or (v and bool((ids >= v).any())) or bool((counts < 0).any()):
+        raise bad(f"count_ids/count_values hold token ids outside the vocabulary (0..{(v or 0) - 1}) or negative "
+                  "counts")
+    return off
+
+
 def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
                 chat_template: str | None = None, model: str | None = None, revision: str | None = None):
     """Refuse a store made for another target, other layers or another chat template."""
@@ -534,4 +636,20 @@ def check_complete(store: FeatureStore, allow_incomplete: bool, say) -> None:
             raise StoreError(f"store {store.root} is incomplete: {what}: finish it by running the same gen-data "
                              "command again (every --shard rank), or pass --allow-incomplete to train on what is there")
         say(f"[yellow]warning:[/] store {store.root} is incomplete ({what}); training on it (--allow-incomplete)")
+    else:
+        check_counts(store)
     store.verify(hash=True)  # every shard against the sha256 its sidecar recorded
+
+
+def check_counts(store: FeatureStore):
+    """A sealed store holds what its manifest counts: every planned shard's sidecar, and as many
+    samples in the shards as the manifest says (a sidecar lost or edited is caught here)."""
+    m = store.meta
+    missing = sorted(set(range(m.shards_planned)) - set(sidecars(store.root / SHARD_DIR)))
+    if missing:
+        raise StoreError(f"store {store.root}: {MANIFEST} plans {m.shards_planned} shards but the sidecar of shard "
+                         f"{missing[0]} is missing: run the same gen-data command again to redo it")
+    counted = m.raw.get("num_samples")
+    if counted is not None and counted != len(store):
+        raise StoreError(f"store {store.root}: {MANIFEST} counts {counted} samples, its shards hold {len(store)}: "
+                         "run the same gen-data command again")

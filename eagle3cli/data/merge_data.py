@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import Eagle3Error
-from .features import MANIFEST, SHARD_DIR, SIDECAR_FILE, aggregate, settings_fingerprint, shard_problem, write_manifest
+from .features import (FORMAT, FORMAT_VERSION, MANIFEST, SHARD_DIR, SIDECAR_FILE, Manifest, StoreError, aggregate,
+                       check_shard, read_sidecar, settings_fingerprint, shard_problem, write_manifest)
 
 REGEN_DIR = "regenerated"  # gen_data.REGEN_DIR (not imported: gen_data pulls in the whole pipeline)
 TOTALS = ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers",
@@ -71,17 +72,27 @@ def read_source(root: Path, flag: str = "--from") -> tuple[dict, list[Shard]]:
         man = json.loads(mpath.read_text())
     except ValueError as e:
         raise MergeError(f"{mpath} is not valid JSON ({e}): rerun that folder's gen-data command") from None
-    if not isinstance(man, dict) or not isinstance(man.get("shards_planned"), int):
+    if not isinstance(man, dict) or not isinstance(man.get("shards_planned"), int) or isinstance(
+            man["shards_planned"], bool) or man["shards_planned"] < 1:
         raise MergeError(f"{mpath} records no shards_planned: rerun that folder's gen-data command")
+    try:
+        meta = Manifest.parse(man, str(mpath))  # the fields the fingerprint and the totals read, type-checked
+    except StoreError as e:
+        raise MergeError(str(e).replace("run the same gen-data command again", "rerun that folder's gen-data "
+                                        "command")) from None
+    if (meta.format, meta.version) != (FORMAT, FORMAT_VERSION):
+        raise MergeError(f"{mpath}: format {meta.format!r} version {meta.version!r}, expected {FORMAT!r} version "
+                         f"{FORMAT_VERSION}: not a store this version writes; rerun that folder's gen-data command")
     shards = []
     for p in sorted((root / SHARD_DIR).glob("shard-*.json")) if (root / SHARD_DIR).is_dir() else []:
         m = SIDECAR_FILE.match(p.name)
         if not m:
             continue
         try:
-            stats = json.loads(p.read_text())
-        except ValueError:
-            raise MergeError(f"{p} is unreadable: rerun that folder's gen-data command to redo the shard") from None
+            stats = read_sidecar(p)
+        except StoreError as e:
+            raise MergeError(str(e).replace("rerun the gen-data command", "rerun that folder's gen-data command")) \
+                from None
         shards.append(Shard(int(m.group(2)), int(m.group(1)), root, p, stats))
     return man, shards
 
@@ -147,11 +158,39 @@ def plan(out: Path, sources: list[Path]) -> tuple[dict, dict[int, Shard], list[P
         where = f" ({unfinished[0]} holds it unfinished)" if unfinished else ""
         raise MergeError(f"shard {i} of {planned} is missing{more}{where}: finish the gen-data run that writes it "
                          "(run it again to resume) or add its folder with --from")
+    meta = Manifest.parse(first, str(sources[0] / MANIFEST))
     for i, sh in sorted(chosen.items()):
         problem = shard_problem(sh.sidecar, hash=True)
         if problem:
             raise MergeError(f"shard {i} in {sh.root}: {problem}: rerun that folder's gen-data command to redo it")
+        if sh.file:
+            _check_layout(sh, meta)
     return first, chosen, [r for r, _, _ in read]
+
+
+def _check_layout(sh: Shard, meta: Manifest):
+    """The shard's tensors against the store contract (features.check_shard) and the counts its
+    sidecar gives the manifest: a shard whose sidecar was rewritten to match a damaged file, or
+    a sidecar edited after the fact, is not sealed into a store."""
+    from safetensors import safe_open
+
+    path = sh.file
+    try:
+        with safe_open(str(path), framework="pt") as h:
+            off = check_shard(h, path, meta)
+        held = {"num_samples": off.numel() - 1, "num_tokens": int(off[-1])}
+        for k, n in held.items():
+            if sh.stats[k] != n:
+                raise MergeError(f"{sh.sidecar}: {k} {sh.stats[k]}, its shard holds {n}: rerun that folder's "
+                                 "gen-data command to redo that shard")
+    except MergeError:
+        raise
+    except StoreError as e:
+        raise MergeError(str(e).replace("rerun the gen-data command", "rerun that folder's gen-data command")) \
+            from None
+    except Exception as e:  # noqa: BLE001 - an unreadable header of any kind is one line
+        raise MergeError(f"{path} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}): rerun "
+                         "that folder's gen-data command to redo that shard") from None
 
 
 def _place(src: Path, dst: Path, link: bool):
