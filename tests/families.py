@@ -34,7 +34,7 @@ FAMILIES: dict[str, dict] = {
     "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                     "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 32, "q_lora_rank": 32,
                     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8, "n_group": 1,
-                    "topk_group": 1},
+                    "topk_group": 1, "num_key_value_heads": 4},  # latent attention: as many KV heads as heads
     "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 128,
                     "interleave_moe_layer_step": 1, "attention_chunk_size": 512},
 }

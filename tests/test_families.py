@@ -1,7 +1,8 @@
 """Every target family through every stage, on tiny random targets (tests/families.py) with
-SmolLM2's real tokenizer: `layers`, gen-data (the dataset's answers, and regenerated), train,
-train --warm-start head,fc,layer, inspect, export-gguf, push --dry-run. Each stage is checked
-by what it must produce, not by its exit code alone. Eval is covered by the generator's tests.
+SmolLM2's real tokenizer: `layers`, gen-data (the dataset's answers, and regenerated), train
+with --warm-start head,fc,layer, eval, inspect, export-gguf, push --dry-run. Each stage is checked
+by what it must produce, not by its exit code alone; eval, chain and tree, must give the
+target's own greedy tokens (the generator's own tests cover sampling and long windows).
 
 Also here, across families: the teacher is the target's own distribution (logit scaling and
 soft caps included), and every key of the exported draft config that an engine reads says
@@ -59,9 +60,10 @@ def test_teacher_is_the_target_own_distribution(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_config_describes_the_trained_draft(family):
-    """An engine builds the draft's layer from config.json: its RoPE (transformers' own Llama
-    rotary embedding, which honours partial_rotary_factor as vLLM's get_rope does) and its
-    geometry must be those the draft was trained with."""
+    """An engine builds the draft's layer from config.json: its RoPE (theta and scaling, read
+    here by transformers' own Llama rotary embedding; a partial_rotary_factor, which vLLM's
+    get_rope would honour, must not be there at all) and its geometry must be those the draft
+    was trained with."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -336,3 +338,24 @@ def test_push_dry_run(fam, trained):
     assert pushed == ours
     assert (out / "model.safetensors").read_bytes() == (draft / "model.safetensors").read_bytes()
     assert "me/tiny" in (out / "README.md").read_text()
+
+
+def test_eval_chain_and_tree_lossless(fam, trained):
+    """The trained draft decodes exactly the target's greedy tokens, chain and tree, through the
+    path eval takes (the generator refuses in one line what it cannot verify: then that line)."""
+    from eagle3cli.decode.generator import UnsupportedTarget, check_supported, greedy_generate, speculative_generate
+    from eagle3cli.publish.export import load_draft
+
+    draft_dir, _ = trained
+    target = load(fam.target)
+    ids = FeatureStore(fam.store)[1]["input_ids"][None, :20].long()
+    new = 24
+    try:
+        check_supported(target.config, ids.shape[1] + new)
+    except UnsupportedTarget as e:
+        pytest.skip(f"eval refuses {fam.family}: {e}")
+    draft, _ = load_draft(draft_dir, target=target)
+    ref = greedy_generate(target, ids, new, eos_token_id=[-1])
+    for kw in (dict(mode="chain", steps=3), dict(mode="tree", total_tokens=8, depth=3, top_k=2)):
+        out = speculative_generate(target, draft, ids, max_new_tokens=new, eos_token_id=[-1], **kw)
+        assert out.tokens == ref and len(ref) == new, f"{fam.family} {kw['mode']}"
