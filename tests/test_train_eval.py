@@ -101,6 +101,15 @@ def test_keep_best_exports_the_best_measured_steps_weights(store, target_dir, tm
     assert torch.equal(res.draft.fc.weight.detach().cpu(), step4["fc.weight"])
 
 
+def test_keep_best_breaks_a_tie_of_measured_taus_by_the_simulated_one(store, target_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_eval, "measured_tau", lambda *a, **k: train_eval.Measured(1.5, 4, 6, 4))
+    res = train(config(store, target_dir, tmp_path / "tie", epochs=2, eval_every=2, keep="best"), quiet=True)
+    recs = [h for h in res.history if "measured" in h]
+    sims = [h["measured"]["tau_sim"] for h in recs]
+    assert len(set(sims)) > 1  # the simulated taus differ, so the tie-break decides
+    assert res.metrics["exported_step"] == recs[sims.index(max(sims))]["step"]
+
+
 def test_eval_every_refuses_a_run_without_prompts_and_keep_best_without_eval_every(store, target_dir, tmp_path):
     with pytest.raises(TrainError, match="--val-fraction above 0 or pass --eval-prompts"):
         train(config(store, target_dir, tmp_path / "a", eval_every=2, val_fraction=0.0), quiet=True)

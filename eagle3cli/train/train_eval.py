@@ -17,6 +17,7 @@ and at the end; ``--keep best`` exports the weights of the step whose measured t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,9 +145,10 @@ class AcceptanceProbe:
         """A measurement after this step (the end's is taken apart, once the loop is done)."""
         return step % self.cfg.eval_every == 0 and step < total
 
-    def measure(self, acc, draft, step: int) -> dict:
+    def measure(self, acc, draft, step: int, tau_sim: float | None = None) -> dict:
         """The draft's measured tau now, decoded on the main process and shared with the others;
-        with --keep best, a new best step's weights are written to checkpoints/best."""
+        with --keep best, a new best step's weights are written to checkpoints/best. Equal measured
+        taus (a few short prompts often tie) go to the higher simulated tau, then the earlier step."""
         from .checkpoints import save_best
 
         sums = torch.zeros(3, dtype=torch.float64, device=acc.device)
@@ -154,12 +156,13 @@ class AcceptanceProbe:
             m = measured_tau(self.target, draft, self.prompts, self.cfg.eval_new_tokens)
             sums += torch.tensor([m.tau, m.tokens, m.forwards], dtype=torch.float64, device=acc.device)
         tau, tokens, forwards = acc.reduce(sums, "sum").tolist()  # the other processes add zeros
-        if self.cfg.keep == "best" and (self.best is None or tau > self.best["tau"]):
-            self.best = {"step": step, "tau": tau}
+        if self.cfg.keep == "best" and (self.best is None or rank(tau, tau_sim) > rank(**self.best)):
+            self.best = {"step": step, "tau": tau, "tau_sim": tau_sim}
             if acc.is_main_process:
                 save_best(self.out, draft, self.best)
             acc.wait_for_everyone()
-        return {"tau": tau, "prompts": len(self.prompts), "tokens": int(tokens), "forwards": int(forwards)}
+        return {"tau": tau, "prompts": len(self.prompts), "tokens": int(tokens), "forwards": int(forwards),
+                "tau_sim": tau_sim}
 
     def restore_best(self, draft, step: int, device) -> bool:
         """--keep best: the best measured step's weights into ``draft`` (then exported); False when
@@ -170,6 +173,11 @@ class AcceptanceProbe:
             return False
         draft.load_state_dict(load_best(self.out, device), strict=False)
         return True
+
+
+def rank(tau: float, tau_sim: float | None, step: int = 0) -> tuple[float, float]:
+    """How --keep best orders measurements: measured tau, then simulated tau."""
+    return tau, -math.inf if tau_sim is None else tau_sim
 
 
 def note(step: int, measured: dict) -> str:

@@ -610,8 +610,7 @@ class Trainer:
     def _measure(self, epoch: int):
         """--eval-every: the draft's measured tau, logged beside the held-out simulated one."""
         draft = self.acc.unwrap_model(self.model).draft
-        measured = self.probe.measure(self.acc, draft, self.step)
-        measured["tau_sim"] = (self.evaluate(draft) or {}).get("tau_sim")
+        measured = self.probe.measure(self.acc, draft, self.step, (self.evaluate(draft) or {}).get("tau_sim"))
         rec = {"step": self.step, "epoch": epoch, "measured": measured}
         self.history.append(rec)
         self.log.write(rec, self.step)
