@@ -401,9 +401,33 @@ def test_the_two_reported_cases_are_one_line(world, tmp_path):
     _config(_set("draft_vocab_size", 200))(vocab)
     assert cli("inspect", vocab) == (f"error: {vocab / 'model.safetensors'}: shape of d2t: (100,), config implies "
                                      "(200,) (draft_vocab_size) (+1 more)")
+
+
+def test_the_reported_cases_on_a_smollm2_sized_vocabulary(smol_tiny_dir, tmp_path):
+    """As reported: `inspect DRAFT --model SmolLM2` on a draft of 8,000 tokens over SmolLM2's 49,152."""
+    from transformers import AutoConfig
+
+    from eagle3cli.model.layers import default_layer_ids
+
+    tc = AutoConfig.from_pretrained(smol_tiny_dir)
+    d = Eagle3Draft(DraftConfig.from_target(tc, 8000, default_layer_ids(tc.num_hidden_layers)))
+    d.init_weights(seed=0)
+    d.set_vocab(torch.arange(8000) * 6)
+    valid = save_draft(d, tmp_path / "valid", metadata={"target": str(smol_tiny_dir)})
+    assert tc.vocab_size == 49152
+    assert CliRunner().invoke(app, ["inspect", str(valid), "--model", str(smol_tiny_dir)]).exit_code == 0
+    nan, vocab = tmp_path / "nan", tmp_path / "vocab"
+    shutil.copytree(valid, nan)
+    shutil.copytree(valid, vocab)
+    _tensors(lambda t: {**t, "fc.weight": t["fc.weight"].index_put((torch.tensor(3), torch.tensor(7)),
+                                                                   torch.tensor(float("nan"), dtype=torch.bfloat16))})(nan)
+    assert cli("inspect", nan, "--model", smol_tiny_dir) == (
+        f"error: {nan / 'model.safetensors'}: tensor fc.weight: 1 non-finite value(s) (first nan at [3, 7]); "
+        "a draft's weights are all finite")
     _config(_set("draft_vocab_size", 98304))(vocab)
-    assert cli("inspect", vocab) == (f"error: {vocab / 'config.json'}: draft_vocab_size 98304 is larger than "
-                                     "vocab_size 256")
+    assert cli("inspect", vocab, "--model", smol_tiny_dir) == (
+        f"error: {vocab / 'model.safetensors'}: shape of d2t: (8000,), config implies (98304,) (draft_vocab_size) "
+        "(+1 more)")
 
 
 CLI_SAMPLE = ["tensor-fc.weight-nan", "config-draft_vocab_size-98304", "config-hidden_size-wrong-type",

@@ -2,7 +2,8 @@
 
 Every draft reader (``export.load_draft``, ``formats.read_draft`` and through it ``convert``,
 ``eval``, ``push``, ``train --init-from``; ``inspector.inspect_draft`` lists the same problems)
-runs these checks right after reading the files and before building anything from them:
+runs these checks (``export.check_draft``) right after reading the files and before building
+anything from them:
 
 - :func:`config_problems`: every key a reader uses has the type and range an engine accepts
   (a positive integer within bounds no real model exceeds, a finite positive epsilon, booleans
@@ -17,7 +18,8 @@ runs these checks right after reading the files and before building anything fro
   (:data:`DIGEST_KEY`): a bit flipped in the tensor data after export is refused too.
 
 Each problem is one line naming the key or tensor, what was expected and what was found;
-:func:`check_draft` raises the first as :class:`CorruptDraft`.
+``export.check_draft`` raises the first as :class:`CorruptDraft`. This module needs nothing
+of the package but its errors, so that ``export`` (the draft files' home) can use it.
 """
 
 from __future__ import annotations
@@ -61,20 +63,6 @@ class UnreadableWeights(CorruptDraft):
     def __init__(self, path, reason: str, fix: str = "export or download it again"):
         self.path, self.reason = Path(path), reason
         super().__init__(f"{path}: {reason}: {fix}")
-
-
-def check_draft(config: dict, tensors: dict | None, directory, weights=None, *, end_token_ids=None):
-    """Raise :class:`CorruptDraft` with the first problem of ``config`` (our key layout; its
-    problems are named under ``directory``) and ``tensors`` (our names, read from ``weights``,
-    by default ``directory/model.safetensors``; None: the config alone)."""
-    problems = [f"{Path(directory) / p}" for p in config_problems(config)]
-    if not problems and tensors is not None:
-        where = weights or Path(directory) / "model.safetensors"
-        found = tensor_problems(geometry(config), tensors, end_token_ids=end_token_ids)
-        problems = [f"{where}: {p}" for p in found]
-    if problems:
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CorruptDraft(f"{problems[0]}{more}")
 
 
 # ---------------------------------------------------------------------------- config.json
@@ -123,9 +111,6 @@ def config_problems(cfg: dict, required: bool = True) -> list[str]:
     heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     if heads and kv and heads % kv:
         out.append(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-    v, dv = cfg.get("vocab_size"), cfg.get("draft_vocab_size")
-    if v and dv and dv > v:
-        out.append(f"config.json: draft_vocab_size {dv} is larger than vocab_size {v}")
     act = cfg.get("hidden_act")
     if act is not None:
         from transformers.activations import ACT2FN
@@ -205,24 +190,12 @@ def _layer_id_problems(cfg: dict) -> list[str]:
     return []
 
 
-def geometry(cfg: dict):
-    """The DraftConfig of a config that passed :func:`config_problems` (layer ids left out: the
-    tensors do not depend on them)."""
-    from .export import draft_config_from_json
-
-    opts = {"norm_before_fc": bool(cfg.get("norm_before_fc")) and not cfg.get("fc_norm")}
-    return draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2], **opts})
-
-
 # ---------------------------------------------------------------------------- model.safetensors
 
-def tensor_problems(dcfg, tensors: dict, end_token_ids=None) -> list[str]:
-    """Every tensor with a draft name (``export.expected_shapes``) against ``dcfg``: shape,
-    dtype, finite values; then the vocabulary maps. Names a draft does not have are the
-    readers' concern (refused by ``formats``, listed by ``inspect``)."""
-    from .export import expected_shapes
-
-    shapes = expected_shapes(dcfg)
+def tensor_problems(dcfg, tensors: dict, shapes: dict, end_token_ids=None) -> list[str]:
+    """Every tensor with a draft name (a key of ``shapes``, ``export.expected_shapes(dcfg)``)
+    against ``dcfg``: shape, dtype, finite values; then the vocabulary maps. Names a draft does
+    not have are the readers' concern (refused by ``formats``, listed by ``inspect``)."""
     out = []
     floats = {}
     for name, t in tensors.items():

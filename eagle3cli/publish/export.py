@@ -15,6 +15,8 @@ from safetensors.torch import save_file
 
 from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import Eagle3Error
+from .draft_check import (DIGEST_KEY, CorruptDraft, config_problems, read_weights, tensor_problems,
+                          weights_digest)
 from ..core.io_utils import default_file_mode, write_json
 
 CONFIG = "config.json"
@@ -164,8 +166,6 @@ def weights_metadata(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     """The safetensors header metadata of a draft: the format tag loaders read, and the digest of
     the tensors that every reader compares (``draft_check.read_weights``): a file damaged after
     export is refused, not served."""
-    from .draft_check import DIGEST_KEY, weights_digest
-
     return {"format": "pt", DIGEST_KEY: weights_digest(tensors)}
 
 
@@ -225,8 +225,6 @@ class IncompleteDraft(Eagle3Error, ValueError):
 
 def read_config(draft_dir: str | Path) -> dict:
     """config.json as a JSON object (anything else is one line, ``draft_check.CorruptDraft``)."""
-    from .draft_check import CorruptDraft
-
     p = Path(draft_dir) / CONFIG
     if not p.exists():
         raise MissingDraftFile(f"{draft_dir} has no {CONFIG}: not a draft directory")
@@ -241,8 +239,6 @@ def read_config(draft_dir: str | Path) -> dict:
 
 def read_tensors(draft_dir: str | Path) -> dict[str, torch.Tensor]:
     """model.safetensors, any damage one line (``draft_check.read_weights``)."""
-    from .draft_check import read_weights
-
     p = Path(draft_dir) / WEIGHTS
     if not p.exists():
         raise MissingDraftFile(f"{draft_dir} has no {WEIGHTS}")
@@ -256,8 +252,6 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     ``target`` (a loaded HF model) supplies the frozen embedding when the draft does not
     ship one. ``dtype=None`` keeps the stored dtype (bit-exact round trips).
     """
-    from .draft_check import check_draft
-
     d = read_config(draft_dir)
     check_draft(d, None, draft_dir)  # before the config is used for anything
     cfg = draft_config_from_json(d)
@@ -268,6 +262,28 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     check_draft(d, tensors, draft_dir, end_token_ids=(d.get(METADATA_KEY) or {}).get("end_token_ids"))
     draft, _ = draft_from_tensors(cfg, tensors, target, dtype, strict=False)
     return draft.to(device), d
+
+
+def geometry(cfg: dict) -> DraftConfig:
+    """The DraftConfig of a config that passed ``draft_check.config_problems`` (layer ids left
+    out: the tensors do not depend on them)."""
+    opts = {"norm_before_fc": bool(cfg.get("norm_before_fc")) and not cfg.get("fc_norm")}
+    return draft_config_from_json({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2], **opts})
+
+
+def check_draft(config: dict, tensors: dict | None, directory, weights=None, *, end_token_ids=None):
+    """The one check every reader makes before it trusts a draft (``draft_check``): raise
+    :class:`CorruptDraft` with the first problem of ``config`` (our key layout; its problems are
+    named under ``directory``) and ``tensors`` (our names, read from ``weights``, by default
+    ``directory/model.safetensors``; None: the config alone)."""
+    problems = [f"{Path(directory) / p}" for p in config_problems(config)]
+    if not problems and tensors is not None:
+        dcfg = geometry(config)
+        found = tensor_problems(dcfg, tensors, expected_shapes(dcfg), end_token_ids=end_token_ids)
+        problems = [f"{weights or Path(directory) / WEIGHTS}: {p}" for p in found]
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CorruptDraft(f"{problems[0]}{more}")
 
 
 def draft_from_tensors(cfg: DraftConfig, tensors: dict, target=None, dtype: torch.dtype | None = torch.float32,

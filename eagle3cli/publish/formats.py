@@ -38,10 +38,10 @@ import torch
 
 from ..model.draft import OPTION_KEYS, Eagle3Draft
 from ..core.errors import Eagle3Error
-from .draft_check import CorruptDraft, check_draft, config_problems, read_weights
+from .draft_check import CorruptDraft, config_problems, read_weights
 from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS, OPTIONAL_WEIGHTS,
-    REQUIRED_WEIGHTS, WEIGHTS, draft_config_from_json, draft_from_tensors, expected_shapes, exported_state_dict,
+    REQUIRED_WEIGHTS, WEIGHTS, check_draft, draft_config_from_json, draft_from_tensors, expected_shapes, exported_state_dict,
     options_from_json, save_draft)
 from ..core.io_utils import default_file_mode, write_json
 from ..model.layers import default_layer_ids, num_layers

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from ..engines import engine_support
-from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, geometry, read_weights, tensor_problems
+from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, read_weights, tensor_problems
 from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTIONAL_WEIGHTS, WEIGHTS,
-    options_from_json, required_weights)
+    expected_shapes, geometry, options_from_json, required_weights)
 from ..model.layers import default_layer_ids, num_layers, text_config
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
@@ -173,7 +173,7 @@ def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectRepo
                     else "the engine leaves that weight random")
             rep.problems.append(f"tensor {name}: missing ({what})")
     ends = (cfg.get(METADATA_KEY) or {}).get("end_token_ids")
-    rep.problems += tensor_problems(dcfg, tensors, end_token_ids=ends)  # shapes, dtypes, finite, vocab maps
+    rep.problems += tensor_problems(dcfg, tensors, expected_shapes(dcfg), end_token_ids=ends)  # shapes, dtypes, finite, vocab maps
     if dcfg.hidden_size != dcfg.target_hidden_size and "embed_tokens.weight" not in tensors:
         rep.problems.append("tensor embed_tokens.weight: missing although hidden_size != target_hidden_size "
                             "(the target's embedding cannot be shared)")
