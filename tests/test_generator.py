@@ -663,10 +663,12 @@ def test_eos_just_past_max_new_tokens_is_cut(mode):
         assert out.tokens == ref[:cap] and out.stop_reason == "length", cap
 
 
-def test_refuses_sliding_window_and_long_prompts():
-    gemma = tiny_model("gemma3_text")
-    with pytest.raises(UnsupportedTarget, match="sliding"):
-        speculative_generate(gemma, Oracle(gemma), prompt(0), max_new_tokens=4)
+def test_refuses_long_prompts_and_unverifiable_attention():
+    """Sliding windows are verified (tests/test_windowed_generation.py); flash attention ignores a mask."""
+    flash = tiny_model("llama")
+    flash.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(UnsupportedTarget, match="flash_attention_2"):
+        speculative_generate(flash, Oracle(flash), prompt(0), max_new_tokens=4)
     target = tiny_model("llama", max_position_embeddings=16)
     with pytest.raises(ContextTooLong, match="16"):
         speculative_generate(target, Oracle(target), prompt(0, n=20), max_new_tokens=4)

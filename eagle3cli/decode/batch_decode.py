@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .fast_target import ONEDNN, Decoder, _rms_norm
+from .fast_target import ONEDNN, SUPPORTED_TYPES, Decoder, _rms_norm
 
 
 class SlotTarget:
@@ -38,7 +38,7 @@ class SlotTarget:
         # oneDNN's prepacked linear, one copy for every row count (unpacked, a bf16 matmul reorders
         # its weight on every call). Keys a dtype cannot pack are skipped.
         rows = (ONEDNN,) if (dtype or model.dtype) == torch.bfloat16 else tuple(sorted({slots, max(2, slots // 2)}))
-        d = Decoder(model, rows, purpose="continuous batching", dtype=dtype)
+        d = Decoder(model, rows, purpose="continuous batching", dtype=dtype, families=SUPPORTED_TYPES)
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
@@ -54,7 +54,7 @@ class SlotTarget:
             return
         max_len = max(max_len, self.max_len * 3 // 2)  # grow geometrically: decode asks one more each step
         dev, dtype = self.embed.device, self.embed.dtype
-        self.cos, self.sin = self.decoder.rope(max_len)  # [max_len, head_dim]
+        self.cos, self.sin = self.decoder.rope(max_len)[None]  # [max_len, head_dim]
         shape = (len(self.layers), self.slots, self.n_kv, max_len, self.head_dim)
         k, v = torch.zeros(shape, device=dev, dtype=dtype), torch.zeros(shape, device=dev, dtype=dtype)
         if self.k is not None:

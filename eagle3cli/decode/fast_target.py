@@ -31,23 +31,44 @@ import torch
 import torch.nn.functional as F
 
 from ..core.hf_utils import text_config
+from .attention import kind_masks, layout
 from .tree import new_tree, verify_mask
 
-SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
+# Gemma 3: scaled embeddings, (1 + w) norms around both sublayers, q/k norms, per-layer-kind RoPE and
+# sliding windows; the fast path (FastTarget) runs it, continuous batching (batch_decode) does not
+FAST_PATH_TYPES = SUPPORTED_TYPES | {"gemma3_text"}
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
+GEMMA_ACT = "gelu_pytorch_tanh"
 
 
-def config_unsupported_reason(config) -> str | None:
-    """Why a target of this config cannot take the fast path (None: it can); no weights needed."""
+def _rope_types(cfg) -> list[str]:
+    """The RoPE type of each RoPE table (Gemma 3 keeps one per layer kind)."""
+    rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    tables = [r for r in rope.values() if isinstance(r, dict)] if isinstance(rope, dict) else []
+    if not tables:
+        tables = [rope if isinstance(rope, dict) else {}]
+    return [r.get("rope_type", r.get("type", "default")) for r in tables]
+
+
+def config_unsupported_reason(config, families=SUPPORTED_TYPES) -> str | None:
+    """Why a target of this config cannot take the fast path (None: it can); no weights needed.
+    ``families``: the model types the caller's forward implements (``FAST_PATH_TYPES`` for FastTarget)."""
     cfg = text_config(config)
     kind = getattr(cfg, "model_type", None)
-    if kind not in SUPPORTED_TYPES:
-        return f"model_type {kind!r} (fast path: {', '.join(sorted(SUPPORTED_TYPES))})"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
+    if kind not in families:
+        return f"model_type {kind!r} (fast path: {', '.join(sorted(families))})"
+    if kind == "gemma3_text":
+        if getattr(cfg, "hidden_activation", GEMMA_ACT) != GEMMA_ACT:
+            return f"hidden_activation {cfg.hidden_activation!r}"
+        if getattr(cfg, "attn_logit_softcapping", None) is not None:
+            return "attention soft-capping"
+        if getattr(cfg, "use_bidirectional_attention", False):
+            return "bidirectional attention"
+    elif getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r}"
-    rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in STATIC_ROPE:
+    rope_type = next((t for t in _rope_types(cfg) if t not in STATIC_ROPE), None)
+    if rope_type is not None:
         return f"rope_type {rope_type!r}"
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
         return "sliding-window attention"
@@ -56,11 +77,11 @@ def config_unsupported_reason(config) -> str | None:
     return None
 
 
-def unsupported_reason(model) -> str | None:
+def unsupported_reason(model, families=SUPPORTED_TYPES) -> str | None:
     """Why ``model`` cannot take the fast path (None: it can)."""
     if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
         return "quantized weights"
-    return config_unsupported_reason(model.config)
+    return config_unsupported_reason(model.config, families)
 
 
 ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
@@ -131,6 +152,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
+def _gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then cast back."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).type_as(x)
+
+
+def _eps(norm) -> float:
+    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+
+
 def _weights(*tensors, dtype=None) -> torch.Tensor:
     """The tensors concatenated along rows (one tensor: itself), detached, in ``dtype`` if given."""
     w = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
@@ -140,6 +171,12 @@ def _weights(*tensors, dtype=None) -> torch.Tensor:
 class Layer:
     def __init__(self, layer, packed_rows, dtype=None):
         a, m = layer.self_attn, layer.mlp
+        # Gemma 3: norms after each sublayer too, the MLP's before it is pre_feedforward_layernorm
+        self.gemma = hasattr(layer, "pre_feedforward_layernorm")
+        self.rms = _gemma_norm if self.gemma else _rms_norm
+        self.act = (lambda g: F.gelu(g, approximate="tanh")) if self.gemma else F.silu
+        self.post = None if not self.gemma else (_weights(layer.post_attention_layernorm.weight, dtype=dtype),
+                                                 _weights(layer.post_feedforward_layernorm.weight, dtype=dtype))
         bias = None
         if a.q_proj.bias is not None:
             bias = _weights(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, dtype=dtype)
@@ -148,12 +185,14 @@ class Layer:
         self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=dtype), None, packed_rows)
         self.down = Linear(_weights(m.down_proj.weight, dtype=dtype), None, packed_rows)
         self.ln1 = _weights(layer.input_layernorm.weight, dtype=dtype)
-        self.ln2 = _weights(layer.post_attention_layernorm.weight, dtype=dtype)
-        self.eps = layer.input_layernorm.variance_epsilon
-        # Qwen3: RMSNorm over head_dim before RoPE (HF's formula, as _rms_norm computes it).
+        pre_mlp = layer.pre_feedforward_layernorm if self.gemma else layer.post_attention_layernorm
+        self.ln2 = _weights(pre_mlp.weight, dtype=dtype)
+        self.eps = _eps(layer.input_layernorm)
+        # Qwen3, Gemma 3: RMSNorm over head_dim before RoPE (HF's formula, as self.rms computes it).
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         self.qk_norms = None if qn is None else (_weights(qn.weight, dtype=dtype), _weights(kn.weight, dtype=dtype),
-                                                 qn.variance_epsilon)
+                                                 _eps(qn))
+        self.kind = getattr(a, "layer_type", None)  # Gemma 3: which RoPE table and mask the layer takes
         self.scaling = a.scaling
         self.inter = m.gate_proj.weight.shape[0]
 
@@ -164,18 +203,30 @@ class Layer:
         if self.qk_norms is None:
             return q, k
         wq, wk, eps = self.qk_norms
-        return _rms_norm(q, wq, eps), _rms_norm(k, wk, eps)
+        return self.rms(q, wq, eps), self.rms(k, wk, eps)
+
+    def attn_out(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention output ``o`` (already projected)."""
+        return x + (o if self.post is None else _gemma_norm(o, self.post[0], self.eps))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the MLP."""
+        gu = self.gate_up(self.rms(x, self.ln2, self.eps))
+        y = self.down(self.act(gu[:, :self.inter]) * gu[:, self.inter:])
+        return x + (y if self.post is None else _gemma_norm(y, self.post[1], self.eps))
 
 
 class Decoder:
     """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
     cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
 
-    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None):
-        """``dtype``: compute in it (the weights are cast once); None keeps the model's."""
+    def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None,
+                 families=FAST_PATH_TYPES):
+        """``dtype``: compute in it (the weights are cast once); None keeps the model's. ``families``:
+        the model types the caller's forward runs."""
         from ..model.target import base_model
 
-        reason = unsupported_reason(model)
+        reason = unsupported_reason(model, families)
         if reason:
             raise ValueError(f"{purpose} does not support this target: {reason}")
         cfg = text_config(model.config)
@@ -184,8 +235,13 @@ class Decoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.hidden = cfg.hidden_size
         self.embed = _weights(self.base.embed_tokens.weight, dtype=dtype)
+        # Gemma 3 scales its embeddings by sqrt(hidden) in their dtype (HF: embed * scale.to(dtype))
+        scale = getattr(self.base.embed_tokens, "embed_scale", None)
+        self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
         self.layers = [Layer(layer, packed_rows, dtype) for layer in self.base.layers]
-        self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), self.base.norm.variance_epsilon
+        self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), _eps(self.base.norm)
+        self.final_norm = _gemma_norm if self.layers[0].gemma else _rms_norm
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
         # of a vocab-sized matrix is as slow as the layers' (a 4-row verification: 1.58x one token with
         # the head unpacked, 1.17x packed, fp32 on an AMX Xeon).
@@ -204,11 +260,24 @@ class Decoder:
         """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
         return any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
 
-    def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: cos, sin [max_len, hd]."""
+    def rope(self, max_len: int) -> dict:
+        """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: {layer kind: (cos, sin)
+        [max_len, hd]}, one table under None unless the layers' kinds have their own (Gemma 3)."""
         pos = torch.arange(max_len, device=self.embed.device)[None]
-        cos, sin = self.base.rotary_emb(self.embed[:1][None], pos)
-        return cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype)
+        tables = {}
+        for kind in dict.fromkeys(layer.kind if layer.gemma else None for layer in self.layers):
+            args = (kind,) if kind is not None else ()
+            cos, sin = self.base.rotary_emb(self.embed[:1][None], pos, *args)
+            tables[kind] = (cos[0].to(self.embed.dtype), sin[0].to(self.embed.dtype))
+        return tables
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed[ids]
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(x)
+        return out if self.softcap is None else torch.tanh(out / self.softcap) * self.softcap
 
 
 def attention_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
@@ -234,7 +303,7 @@ class FastTarget:
 
     @staticmethod
     def supports(model) -> str | None:
-        return unsupported_reason(model)
+        return unsupported_reason(model, FAST_PATH_TYPES)
 
     def __init__(self, model, max_len: int, packed_rows: tuple[int, ...] = (), decoder: Decoder | None = None):
         """A static cache of ``max_len`` positions over ``decoder`` (built from ``model`` when not given:
@@ -245,8 +314,10 @@ class FastTarget:
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
         self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
         # RoPE tables once for every position (small), so a row's tables never change as the cache grows
-        self.cos, self.sin = d.rope(max_len)
+        self.rope_tables = d.rope(max_len)  # {layer kind (None: every layer): (cos, sin)}
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
+        # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
+        self.layout = layout(d.base.config)
         self.k = self.v = None
         self._allocate(min(max_len, self.INITIAL_LEN))
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -277,40 +348,53 @@ class FastTarget:
             raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
         if past + n > self.k.shape[2]:  # grow by doubling: a copy per doubling, not per token
             self._allocate(min(self.max_len, max(2 * self.k.shape[2], past + n)))
-        x = self.embed[ids]  # [n, H]
-        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, hd]
+        x = self.decoder.embed_ids(ids)  # [n, H]
+        rope = {kind: (cos[positions][None], sin[positions][None])  # [1, n, hd]
+                for kind, (cos, sin) in self.rope_tables.items()}
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
         # attention, 0.4 ms less a 17-row bf16 verification on an AMX Xeon)
-        attn_mask = None if mask is None else torch.zeros(
-            mask.shape, dtype=self.attn_dtype, device=x.device).masked_fill_(~mask, float("-inf"))[None, None]
+        attn_mask = None if mask is None else self._additive(mask)
+        masks = self._window_masks(mask, positions, past, n) if self.layout.windowed else None
         hidden = {}
         want = set(hidden_layers)
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         for j, layer in enumerate(self.layers):
             if j in want:
                 hidden[j] = x[None]
-            h = _rms_norm(x, layer.ln1, layer.eps)
+            h = layer.rms(x, layer.ln1, layer.eps)
             qkv = layer.qkv(h)
             q = qkv[:, :nh * hd].view(n, nh, hd)
             k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
             v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
             q, k = layer.qk_norm(q, k)
+            cos, sin = rope[layer.kind if layer.gemma else None]
             q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
             self.k[j, :, past:past + n] = k[0]
             self.v[j, :, past:past + n] = v.transpose(0, 1)
             o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
-                                               self.v[j:j + 1, :, :past + n], attn_mask=attn_mask,
+                                               self.v[j:j + 1, :, :past + n],
+                                               attn_mask=attn_mask if masks is None else masks[self.layout.kinds[j]],
                                                scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
-            x = x + layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))
-            gu = layer.gate_up(_rms_norm(x, layer.ln2, layer.eps))
-            x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
-        x = _rms_norm(x, self.norm, self.norm_eps)
+            x = layer.mlp(layer.attn_out(x, layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))))
+        x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
-        out = self.head(x if logits == "all" else x[-1:])
+        out = self.decoder.logits(x if logits == "all" else x[-1:])
         return out, hidden
+
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(mask.shape, dtype=self.attn_dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf"))[None, None]
+
+    def _window_masks(self, mask, positions, past: int, n: int) -> dict:
+        """{layer kind: additive mask}: ``mask`` (None: causal) narrowed to each kind's window at each
+        row's position. Slot i of the cache holds position i (``keep`` moves the accepted path there)."""
+        if mask is None:
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=positions.device).tril(past)
+        k_pos = torch.cat([torch.arange(past, device=positions.device), positions])
+        return {k: self._additive(m) for k, m in kind_masks(mask, positions, k_pos, self.layout).items()}
 
     @property
     def low_precision(self) -> bool:

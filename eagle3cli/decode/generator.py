@@ -42,6 +42,7 @@ import torch
 from ..core.errors import Eagle3Error
 from ..core.hf_utils import eos_token_ids, synchronize as _sync
 from ..model.layers import text_config
+from . import attention
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
 
 
@@ -57,7 +58,7 @@ class Drafter(Protocol):
 
 
 class UnsupportedTarget(Eagle3Error, ValueError):
-    """The target cannot be verified with a tree mask through its plain HF forward."""
+    """The target cannot be verified with a tree mask through its HF forward."""
 
 
 class ContextTooLong(Eagle3Error, ValueError):
@@ -274,22 +275,27 @@ class SpecOutput:
 
 
 def check_supported(config, total_len: int | None = None):
-    """Refuse targets whose sliding-window layers a tree mask cannot serve (docs/design.md §11)."""
+    """Refuse, in one line, targets a tree verification through the HF forward cannot reproduce
+    (docs/design.md §11): layers other than full, sliding-window or chunked attention (their state
+    cannot be rolled back to the accepted path), attention implementations that ignore a 4-D mask, and
+    Llama 4's query temperature past the positions where it still is 1 (it is taken from the row
+    index, which is a tree node's position only along a chain). Windows and chunks are applied per
+    layer by the verification masks (``attention``)."""
     cfg = text_config(config)
-    types = getattr(cfg, "layer_types", None) or []
-    window = getattr(cfg, "sliding_window", None)
     name = getattr(cfg, "model_type", type(cfg).__name__)
-    if any("sliding" in str(t) for t in types):
+    other = sorted({k for k in attention.layout(config).kinds if k not in attention.KINDS})
+    if other:
+        raise UnsupportedTarget(f"{name} has {', '.join(map(str, other))} layers: speculative decoding verifies "
+                                "full, sliding-window and chunked attention only")
+    impl = attention.attn_implementation(config)
+    if impl is not None and impl not in attention.BOOL_MASK + attention.ADDITIVE_MASK:
+        raise UnsupportedTarget(f"attention implementation {impl!r} ignores a tree mask: load the target with "
+                                "attn_implementation='sdpa' or 'eager'")
+    floor = getattr(cfg, "floor_scale", None)
+    if getattr(cfg, "attn_temperature_tuning", False) and floor and total_len is not None and total_len >= floor:
         raise UnsupportedTarget(
-            f"{name} has sliding-window attention layers: tree verification through the plain HF forward "
-            "would attend past their window; speculative decoding of this architecture is not supported yet"
-        )
-    uses = getattr(cfg, "use_sliding_window", True)
-    if window and uses and total_len is not None and total_len > window:
-        raise UnsupportedTarget(
-            f"{name} uses a {window}-token sliding window and this generation needs {total_len} positions: "
-            "tree verification cannot apply the window; use shorter prompts or --max-new-tokens"
-        )
+            f"{name} scales its NoPE layers' queries by the row index from position {floor - 1} on and this "
+            f"generation needs {total_len} positions: use shorter prompts or --max-new-tokens")
 
 
 def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -416,15 +422,19 @@ def forward(target, input_ids, cache, **kw):
 # Verifiers: the target's side of a cycle (prefill, verify a tree, keep the accepted path)
 # --------------------------------------------------------------------------------------
 class HFVerifier:
-    """The target's own HF forward over a DynamicCache: any architecture, the reference path."""
+    """The target's own HF forward: any architecture whose layers attend fully, in a sliding window
+    or in chunks, the reference path. Its DynamicCache keeps every position of every layer and each
+    layer kind gets its own mask (``attention``): a layer that dropped entries past its window could
+    not give back those a rejected branch displaced."""
 
     name = "hf"
 
     def __init__(self, target, layers=None):
-        from transformers import DynamicCache
-
         self.target, self.layers = target, layers
-        self.cache = DynamicCache(config=target.config)
+        self.cache = attention.keep_all_cache()
+        self.layout = attention.layout(target.config)
+        self.implementation = attention.attn_implementation(target.config)
+        self.dtype = target.get_input_embeddings().weight.dtype
 
     def _hidden(self, out) -> dict:
         hs = out.hidden_states
@@ -436,14 +446,16 @@ class HFVerifier:
         return out.logits[0, -1], self._hidden(out)
 
     def verify(self, ids, positions, mask, past: int):
-        """logits [n, V] and hidden states of n tree tokens [1, n] under ``mask`` [1, 1, n, past + n]."""
-        out = forward(self.target, ids, self.cache, attention_mask=mask, position_ids=positions)
+        """logits [n, V] and hidden states of n tree tokens [1, n] at ``positions`` [1, n], which may
+        attend where ``mask`` [1, 1, n, past + n] allows and each layer's window or chunk lets them."""
+        masks = attention.hf_mask(mask[0, 0], positions[0], past, self.layout, self.implementation, self.dtype)
+        out = forward(self.target, ids, self.cache, attention_mask=masks, position_ids=positions)
         return out.logits[0], self._hidden(out)
 
     def keep(self, past: int, keep: list[int]):
         # gathered even when in place: the cache must drop the rest of the tree, and DynamicCache's
         # crop has changed its meaning across transformers releases
-        keep_cache(self.cache, past, torch.tensor(keep, device=self.target.device))
+        keep_cache(self.cache, past, torch.tensor(keep, dtype=torch.long, device=self.target.device))
 
 
 class FastVerifier:
@@ -514,7 +526,7 @@ def speculative_generate(
     max_pos = getattr(text_config(target.config), "max_position_embeddings", None) or 10**9
     if L >= max_pos:
         raise ContextTooLong(f"prompt of {L} tokens does not fit the target's context of {max_pos}")
-    check_supported(target.config, min(L + s.max_new_tokens + depth + 1, max_pos))
+    check_supported(target.config, min(L + s.max_new_tokens + max(total, depth) + 1, max_pos))
     stops = eos_ids(target, eos_token_id)
     res = SpecOutput(tokens=[], prompt_len=L)
     times = res.times

@@ -175,24 +175,24 @@ def timed(fn, device):
 # --tree auto
 # --------------------------------------------------------------------------------------
 def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repeats=3) -> dict[int, float]:
-    """Seconds of one target forward of n new tokens (after a prefix) on this hardware."""
-    from transformers import DynamicCache
-
-    from ..decode.generator import forward
+    """Seconds of one target forward of n new tokens (after a prefix) on this hardware, as the
+    generator's HF path verifies them (its cache and per-layer masks)."""
+    from ..decode.generator import HFVerifier
 
     dev = ids.device
-    cache = DynamicCache(config=target.config)
+    verifier = HFVerifier(target)
     with torch.no_grad():
-        forward(target, ids, cache, logits_to_keep=1)
+        verifier.prefill(ids)
         past = ids.shape[1]
         lat = {}
         for n in sizes:
             new = ids[:, -1:].repeat(1, n)
             pos = torch.arange(past, past + n, device=dev)[None]
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=dev).tril(past)[None, None]
             ts = []
             for _ in range(repeats):
-                _, t = timed(lambda: forward(target, new, cache, position_ids=pos), dev)
-                cache.crop(-n)
+                _, t = timed(lambda: verifier.verify(new, pos, mask, past), dev)
+                verifier.keep(past, [])
                 ts.append(t)
             lat[n] = sorted(ts)[len(ts) // 2]
     return lat
