@@ -196,6 +196,15 @@ def mlp_weights(layer, h: int, moe: str = "mean") -> tuple[tuple[torch.Tensor, .
         return shared, f"the shared expert of its mixture of experts (the routed ones do not fit: {e})"
 
 
+def _partial_rotary(attn) -> float | None:
+    """The share of each head the target's RoPE rotates, when it is not all (GLM-4: 0.5)."""
+    cfg = getattr(attn, "config", None)
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    f = rp.get("partial_rotary_factor") if isinstance(rp, dict) else None
+    f = f if f is not None else getattr(cfg, "partial_rotary_factor", None)
+    return float(f) if f is not None and float(f) < 1.0 else None
+
+
 def _first(module, *names):
     """The first of ``names`` that ``module`` has (a container module is falsy when empty: no ``or``)."""
     for n in names:
@@ -263,6 +272,10 @@ def warm_start_layer(draft, layer, moe: str = "mean") -> list[str]:
         if extra:
             notes.append(f"warm start layer: attention copied without its {', '.join(extra)} (the draft's "
                          "attention has none)")
+        partial = _partial_rotary(layer.self_attn)
+        if partial:
+            notes.append(f"warm start layer: the target rotates {partial:g} of each head's dimensions, the "
+                         "draft all of them: its copied attention starts near the target's, not equal to it")
     except Skip as e:
         notes.append(f"warm start layer: attention not copied: {e}")
     try:
