@@ -145,7 +145,11 @@ def variants(valid: Path) -> dict:
     for label, v in (("short", [1, 3]), ("huge", [1, 3, 400000]), ("negative", [-2, 3, 4]), ("str", ["1", 3, 4]),
                      ("other", [1, 3, 5])):
         out[f"config-eagle_config-ids-{label}"] = _config(_nested("eagle_config", "eagle_aux_hidden_state_layer_ids", v))
-    for label, v in (("outside", [300]), ("not-in-vocab", [3]), ("str", "2"), ("negative", [-2])):
+    for key in ("hidden_size", "rms_norm_eps", "rope_theta", "draft_vocab_size"):  # JSON allows both
+        out[f"config-{key}-enormous"] = _config(_set(key, 10 ** 400))
+        out[f"config-{key}-nan"] = _config(_set(key, float("nan")))
+    for label, v in (("outside", [300]), ("not-in-vocab", [3]), ("str", "2"), ("negative", [-2]),
+                     ("enormous", [10 ** 30])):
         out[f"config-end_token_ids-{label}"] = _config(_nested("eagle3_training", "end_token_ids", v))
     out["config-training-layer_ids-other"] = _config(_nested("eagle3_training", "layer_ids", [2, 4, 6]))
     out["config-training-target-int"] = _config(_nested("eagle3_training", "target", 5))
@@ -450,3 +454,25 @@ def test_cli_refuses_in_one_line(world, name, target_dir, tmp_path, monkeypatch)
     cli("push", d, "--repo", "org/x", "--base-model", "org/tiny", "--dry-run", tmp_path / "p")
     cli("eval", "-m", target_dir, "-d", d, "-o", tmp_path / "e")
     assert not any((tmp_path / x).exists() for x in ("c", "p", "e"))
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    from test_store_mutations import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s")
+
+
+@pytest.mark.parametrize("name", ["tensor-fc.weight-nan", "config-draft_vocab_size-200", "vocab-t2d-missing",
+                                  "file-truncated-9"])
+def test_train_init_from_refuses_in_one_line_before_loading_the_target(world, name, store_dir, target_dir,
+                                                                       tmp_path, monkeypatch):
+    import eagle3cli.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "load_target_parts", lambda *a, **k: pytest.fail("the target was loaded first"))
+    valid, _, _ = world
+    d = tmp_path / "draft"
+    shutil.copytree(valid, d)
+    variants(valid)[name](d)
+    line = cli("train", "--data", store_dir, "--model", target_dir, "--out", tmp_path / "o", "--init-from", d)
+    assert line.startswith(f"error: --init-from: {d}"), line

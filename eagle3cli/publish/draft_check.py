@@ -44,7 +44,6 @@ INT_KEYS = {
     "num_key_value_heads": 1 << 10, "head_dim": 1 << 12, "vocab_size": 1 << 24, "draft_vocab_size": 1 << 24,
     "target_hidden_size": 1 << 16, "max_position_embeddings": 1 << 30, "num_hidden_layers": 1 << 10,
 }
-OPTIONAL_INTS = {"num_key_value_heads", "head_dim", "draft_vocab_size", "target_hidden_size", "num_hidden_layers"}
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "fc_norm", "norm_output", "norm_before_fc",
              "norm_before_residual", "use_aux_norm")
 DICT_KEYS = ("rope_parameters", "rope_scaling", "eagle_config", "eagle3_training")
@@ -72,7 +71,14 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+    """A finite JSON number (JSON integers may exceed any float: those are finite too)."""
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _show(v) -> str:
+    """A value as found, cut to one short line."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def config_problems(cfg: dict, required: bool = True) -> list[str]:
@@ -87,22 +93,22 @@ def config_problems(cfg: dict, required: bool = True) -> list[str]:
         if v is None:
             continue
         if not _is_int(v) or not 0 < v <= top:
-            out.append(f"config.json: {k} is {v!r}; expected an integer from 1 to {top:,}")
+            out.append(f"config.json: {k} is {_show(v)}; expected an integer from 1 to {top:,}")
     eps = cfg.get("rms_norm_eps")
     if eps is not None and (not _is_number(eps) or not 0 < eps < 1):
-        out.append(f"config.json: rms_norm_eps is {eps!r}; expected a number between 0 and 1 (like 1e-05)")
+        out.append(f"config.json: rms_norm_eps is {_show(eps)}; expected a number between 0 and 1 (like 1e-05)")
     for k in BOOL_KEYS:
         if cfg.get(k) is not None and not isinstance(cfg[k], bool):
-            out.append(f"config.json: {k} is {cfg[k]!r}; expected true or false")
+            out.append(f"config.json: {k} is {_show(cfg[k])}; expected true or false")
     for k in DICT_KEYS:
         if cfg.get(k) is not None and not isinstance(cfg[k], dict):
-            out.append(f"config.json: {k} is {cfg[k]!r}; expected an object")
+            out.append(f"config.json: {k} is {_show(cfg[k])}; expected an object")
     for k in STR_KEYS:
         if cfg.get(k) is not None and not isinstance(cfg[k], str):
-            out.append(f"config.json: {k} is {cfg[k]!r}; expected a string")
+            out.append(f"config.json: {k} is {_show(cfg[k])}; expected a string")
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
-        out.append(f"config.json: architectures is {archs!r}; expected a list of names")
+        out.append(f"config.json: architectures is {_show(archs)}; expected a list of names")
     out += _token_id_problems(cfg)
     out += _rope_problems(cfg)
     out += _layer_id_problems(cfg)
@@ -126,7 +132,7 @@ def _token_id_problems(cfg: dict) -> list[str]:
         v = cfg.get(k)
         ids = v if isinstance(v, list) and k == "eos_token_id" else [v]
         if v is not None and not all(_is_int(t) and -1 <= t < (1 << 24) for t in ids):
-            out.append(f"config.json: {k} is {v!r}; expected a token id{' (or a list of them)' * (k == 'eos_token_id')}")
+            out.append(f"config.json: {k} is {_show(v)}; expected a token id{' (or a list of them)' * (k == 'eos_token_id')}")
     return out
 
 
@@ -136,14 +142,14 @@ def _rope_problems(cfg: dict) -> list[str]:
     thetas = {"rope_theta": cfg.get("rope_theta"), "rope_parameters.rope_theta": rp.get("rope_theta")}
     for k, v in thetas.items():
         if v is not None and (not _is_number(v) or not 0 < v <= 1e12):
-            out.append(f"config.json: {k} is {v!r}; expected a positive number (like 10000.0)")
+            out.append(f"config.json: {k} is {_show(v)}; expected a positive number (like 10000.0)")
     a, b = thetas.values()
     if not out and a is not None and b is not None and float(a) != float(b):
         out.append(f"config.json: rope_theta {a} disagrees with rope_parameters.rope_theta {b}")
     for k, d in (("rope_parameters", rp), ("rope_scaling", cfg.get("rope_scaling"))):
         kind = (d or {}).get("rope_type", (d or {}).get("type")) if isinstance(d, dict) else None
         if kind is not None and not isinstance(kind, str):
-            out.append(f"config.json: {k}.rope_type is {kind!r}; expected a name like \"default\"")
+            out.append(f"config.json: {k}.rope_type is {_show(kind)}; expected a name like \"default\"")
     return out
 
 
@@ -151,7 +157,7 @@ def _ids(v, name: str, out: list) -> list[int] | None:
     if v is None:
         return None
     if not (isinstance(v, list) and len(v) == 3 and all(_is_int(j) for j in v)):
-        out.append(f"config.json: {name} is {v!r}; expected three layer ids (EAGLE-3 fuses three layers)")
+        out.append(f"config.json: {name} is {_show(v)}; expected three layer ids (EAGLE-3 fuses three layers)")
         return None
     return v
 
@@ -166,13 +172,13 @@ def _layer_id_problems(cfg: dict) -> list[str]:
     meta = cfg.get("eagle3_training") if isinstance(cfg.get("eagle3_training"), dict) else {}
     recorded = _ids(meta.get("layer_ids"), "eagle3_training.layer_ids", out)
     if ec.get("use_aux_hidden_state") is not None and not isinstance(ec["use_aux_hidden_state"], bool):
-        out.append(f"config.json: eagle_config.use_aux_hidden_state is {ec['use_aux_hidden_state']!r}; "
+        out.append(f"config.json: eagle_config.use_aux_hidden_state is {_show(ec['use_aux_hidden_state'])}; "
                    "expected true or false")
     if not isinstance(meta.get("target"), (str, type(None))):
-        out.append(f"config.json: eagle3_training.target is {meta['target']!r}; expected a model name")
+        out.append(f"config.json: eagle3_training.target is {_show(meta['target'])}; expected a model name")
     ends = meta.get("end_token_ids")
     if ends is not None and not (isinstance(ends, list) and all(_is_int(t) and t >= 0 for t in ends)):
-        out.append(f"config.json: eagle3_training.end_token_ids is {ends!r}; expected a list of token ids")
+        out.append(f"config.json: eagle3_training.end_token_ids is {_show(ends)}; expected a list of token ids")
     if out:
         return out
     js = {"eagle_aux_hidden_state_layer_ids": top,
@@ -284,7 +290,7 @@ def vocab_map_problems(dcfg, d2t, t2d, end_token_ids=None) -> list[str]:
                       else f"t2d marks {marked.numel()} ids, d2t maps {n}")
             return [f"d2t/t2d: inconsistent: {detail}; expected t2d to mark exactly draft + d2t[draft]"]
     for t in end_token_ids or ():
-        if ids is not None and not bool((ids == t).any()):
+        if ids is not None and not (0 <= t < v and bool((ids == t).any())):
             out.append(f"t2d: end token {t} (eagle3_training.end_token_ids) is not in the draft vocabulary; "
                        "a draft without it could never end a turn")
             break

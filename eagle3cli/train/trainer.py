@@ -416,6 +416,13 @@ class Trainer:
                         revision=cfg.revision)
         except StoreError as e:
             raise TrainError(str(e)) from None
+        if cfg.init_from:  # a corrupted or unreadable --init-from is one line before the target is loaded
+            from ..publish.draft_check import CorruptDraft
+            from ..publish.formats import FormatError, read_draft
+            try:
+                read_draft(cfg.init_from, target_config=self.target_config)
+            except (FormatError, CorruptDraft) as e:
+                raise TrainError(f"--init-from: {e}") from None
         self.layer_ids = m.layer_ids
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
