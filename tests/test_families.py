@@ -167,10 +167,11 @@ def load(path: Path):
 
 
 def test_layers(fam):
-    out = cli("layers", "-m", fam.target)
+    out = cli("layers", "-m", fam.target).splitlines()
     ids = default_layer_ids(4)
-    assert fam.manifest["layer_ids"] == list(ids)
-    assert str(list(ids)).replace(" ", "") in out.replace(" ", "") or ", ".join(map(str, ids)) in out
+    assert fam.manifest["layer_ids"] == list(ids) == [1, 2, 3]
+    assert f"({fam.family})" in out[0] and "N = 4" in out[1]
+    assert [ln.split()[2:5] for ln in out if ln.startswith("layers j ")] == [["1,", "2,", "3"]]
 
 
 def test_gen_data_stores_the_target_streams(fam):
