@@ -476,3 +476,11 @@ def test_train_init_from_refuses_in_one_line_before_loading_the_target(world, na
     variants(valid)[name](d)
     line = cli("train", "--data", store_dir, "--model", target_dir, "--out", tmp_path / "o", "--init-from", d)
     assert line.startswith(f"error: --init-from: {d}"), line
+
+
+def test_finite_check_is_exact_when_the_sum_overflows():
+    from eagle3cli.publish.draft_check import _all_finite
+
+    big = torch.full((4,), 3e38, dtype=torch.bfloat16)  # finite, but their float32 sum is inf
+    assert _all_finite(big) and not _all_finite(torch.cat([big, torch.tensor([float("nan")], dtype=torch.bfloat16)]))
+    assert not _all_finite(torch.tensor([1.0, float("inf"), -float("inf")]))

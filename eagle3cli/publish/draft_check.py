@@ -217,8 +217,8 @@ def tensor_problems(dcfg, tensors: dict, shapes: dict, end_token_ids=None) -> li
             out.append(f"tensor {bare}: dtype {_name(t.dtype)}; the engines load bfloat16, float16 or float32")
             continue
         floats[bare] = t
-        bad = ~torch.isfinite(t)
-        if bool(bad.any()):
+        if not _all_finite(t):
+            bad = ~torch.isfinite(t)
             first = tuple(int(i) for i in torch.nonzero(bad)[0])
             out.append(f"tensor {bare}: {int(bad.sum())} non-finite value(s) (first {t[first].item()} at "
                        f"{list(first)}); a draft's weights are all finite")
@@ -231,6 +231,12 @@ def tensor_problems(dcfg, tensors: dict, shapes: dict, end_token_ids=None) -> li
     if not out:
         out += vocab_map_problems(dcfg, tensors.get("d2t"), tensors.get("t2d"), end_token_ids)
     return out
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Any NaN or inf makes the sum non-finite, so a finite sum proves there is none, at the cost
+    of one reduction; only a sum that overflowed is tested element by element."""
+    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
 
 
 def _shape_keys(name: str) -> tuple[str, ...]:
