@@ -233,3 +233,33 @@ def test_damage_is_refused_by_both(world, name, tmp_path):
         reads.mkdir()
         with pytest.raises(Eagle3Error):
             fn(root, reads)
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+CLI_SAMPLE = ["manifest-file-truncated", "manifest-run-wrong-type", "sidecar-bytes-wrong-type", "sidecar-removed",
+              "shard-truncated-9", "tensor-offsets-past-end"]
+
+
+@pytest.mark.parametrize("name", CLI_SAMPLE)
+def test_cli_refuses_in_one_line_naming_the_file(world, name, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tiny import save_tiny
+
+    import eagle3cli.train.trainer as trainer
+    from eagle3cli.cli import app
+
+    monkeypatch.setattr(trainer, "load_target_parts", lambda *a, **k: pytest.fail("the target was loaded first"))
+    valid, _ = world
+    root = tmp_path / "store"
+    shutil.copytree(valid, root)
+    variants(valid)[name](root)
+    model = save_tiny(tmp_path / "m", "llama")
+    for args in (["merge-data", tmp_path / "merged", "--from", root],
+                 ["train", "--data", root, "--model", model, "--out", tmp_path / "o"]):
+        res = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "500"})
+        errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+        assert res.exit_code == 1 and len(errors) == 1 and "Traceback" not in res.output, res.output
+        assert str(root) in errors[0], errors[0]
+    assert not (tmp_path / "merged" / "manifest.json").exists()
