@@ -77,16 +77,23 @@ def test_quickstart_without_regeneration_trains_online_on_the_datasets_text(smol
 def test_plan_only_measures_and_plans_without_running(smol_tiny_dir, tmp_path):
     """--plan-only: the measurements and the plan, one line each, plan.json written, no stage run;
     the real run then reuses that plan (same flags) instead of measuring again."""
+    import torch
+
     out = tmp_path / "qs"
     _prompts(out / "prompts.jsonl", n=12)
-    r = runner.invoke(app, ["quickstart", "--model", str(smol_tiny_dir), "--base-model", "someone/tiny-llama",
-                            "--out", str(out), "--plan-only", "--budget", "30"])
+    threads = torch.get_num_threads()
+    try:  # the measurement may choose one thread for the process (busy cores): not for the other tests
+        r = runner.invoke(app, ["quickstart", "--model", str(smol_tiny_dir), "--base-model", "someone/tiny-llama",
+                                "--out", str(out), "--plan-only", "--budget", "30"])
+    finally:
+        torch.set_num_threads(threads)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     plan = json.loads((out / "plan.json").read_text())
     m, p = plan["measurements"], plan["plan"]
     assert m["regen_bound"] > 0 and m["step_s"] > 0 and m["warmup_step_s"] > 0 and m["forward_tokens_per_s"] > 0
     assert m["answer_tokens"] > 0 and m["text_tokens"] > m["answer_tokens"] / 2
+    assert 1 <= m["threads"] <= threads and (m["threads"] == threads) == (m["threads_note"] == "")
     assert plan["flags"]["budget_min"] == 30 and p["total_s"] <= 30 * 60
     for word in ("cpu:", "regeneration:", "training step:", "plan: data:", "plan: size:", "plan: eval:", "plan: time:"):
         assert sum(line.strip().startswith(word) for line in lines) == 1, word

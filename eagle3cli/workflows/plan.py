@@ -50,7 +50,7 @@ class Measurements:
     """What ``measure`` found on this machine (seconds, tokens/s)."""
 
     cpu: str  # its class: "AMX", "AVX512-BF16", "AVX-512", "AVX2", ...
-    threads: int
+    threads: int  # torch threads the run uses (choose_threads)
     regen_dtype: str  # what gen-data's regeneration computes in here
     regen_bound: float  # generated tokens/s of one full decode step of the batcher's slots
     forward_tokens_per_s: float  # target forward (feature capture; online training's teacher)
@@ -62,6 +62,7 @@ class Measurements:
     answer_tokens: float  # tokens the target will generate per conversation (sampled data)
     regenerated_tokens: float  # tokens a regenerated conversation stores (prompts + answers)
     text_tokens: float  # tokens of a conversation of the dataset's own text, cut at max_length
+    threads_note: str = ""  # why fewer threads than cores (choose_threads)
 
 
 @dataclass
@@ -222,7 +223,8 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
 
 def measurement_lines(m: Measurements) -> list[str]:
     return [
-        f"cpu: {m.cpu}, {m.threads} threads",
+        f"cpu: {m.cpu}, {m.threads} thread{'s' if m.threads != 1 else ''}"
+        + (f" ({m.threads_note})" if m.threads_note else ""),
         f"regeneration: {m.regen_bound:,.0f} tokens/s for a full batch step in {m.regen_dtype} "
         f"(~{regen_rate(m.regen_bound, m.regen_dtype):,.0f} over a whole run)",
         f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s; plain decoding {1000 * m.decode_token_s:.0f} ms/token",
@@ -248,6 +250,32 @@ def cpu_class() -> str:
         if cpu_has(feature):
             return name
     return "no AVX2"
+
+
+def choose_threads(model) -> tuple[int, str]:
+    """Run on one thread when that is faster here: (threads now set, why). On busy cores two
+    OpenMP threads that wait for each other can make each op many times slower than one thread
+    (a 32 x 576 x 1,536 matmul took 39 ms on two busy cores against 2.5 ms on one); a quiet
+    machine keeps all of them. Probed with a 64-token target forward at both settings."""
+    import torch
+
+    n = torch.get_num_threads()
+    if n == 1:
+        return 1, ""
+    ids = torch.randint(3, 100, (1, 64))
+
+    def probe():
+        with torch.no_grad():
+            return median_seconds(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), 3)
+
+    many = probe()
+    torch.set_num_threads(1)
+    one = probe()
+    if one < 0.9 * many:
+        return 1, (f"a 64-token forward took {1000 * one:.0f} ms on one thread against {1000 * many:.0f} on {n}: "
+                   "the cores are busy")
+    torch.set_num_threads(n)
+    return n, ""
 
 
 def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
@@ -347,6 +375,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     spec = TargetSpec(model=model_id)
     model = load_target(spec)
     load_s = time.perf_counter() - t0
+    threads, why = choose_threads(model) if str(model_device(model)) == "cpu" else (torch.get_num_threads(), "")
     device = str(model_device(model))
     dtype = regen_dtype("auto", model.config, device, model.dtype)
     layers = choose_layers(model.config, warn=False).ids
@@ -356,7 +385,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     step_s, warm_s = train_step_seconds(model, layers, max_tokens, ttt_steps, accept_loss)
     decode_s = decode_token_seconds(model)
     answer, stored, text = data_lengths(load_tokenizer(spec), sample, max_new_tokens, max_length)
-    return Measurements(cpu=cpu_class() if device == "cpu" else device, threads=torch.get_num_threads(),
+    return Measurements(cpu=cpu_class() if device == "cpu" else device, threads=threads, threads_note=why,
                         regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward, step_s=step_s,
                         warmup_step_s=warm_s, decode_token_s=decode_s, load_s=load_s,
                         spent_s=time.perf_counter() - started, answer_tokens=answer, regenerated_tokens=stored,

@@ -231,6 +231,7 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
         kept = json.loads(saved.read_text())
         if kept.get("flags") == flags and kept.get("model") == model:
             log(f"plan: reusing {saved} ({kept['plan']['conversations']} conversations, {kept['plan']['steps']} steps)")
+            _use_threads(kept["measurements"]["threads"])
             return kept
     log("measuring this machine (about half a minute) ...")
     m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps,
@@ -243,6 +244,14 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
     out = {**as_dict(m, plan), "flags": flags, "model": model}
     saved.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def _use_threads(n: int):
+    """The thread count the measurements chose (plan.choose_threads), for every later stage."""
+    import torch
+
+    if n < torch.get_num_threads():
+        torch.set_num_threads(n)
 
 
 def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: bool) -> dict | None:
