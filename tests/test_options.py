@@ -238,6 +238,7 @@ INTERNAL = {
     "BadRow": "sources: a row that is skipped and counted",
     "MaskError": "chat_mask: a conversation that is skipped and counted",
     "EndpointRejected": "regenerate: a request the server refused, counted as a skip",
+    "Skip": "warm_start: a part of the layer that does not fit, named in one line and left out",
 }
 
 
