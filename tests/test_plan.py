@@ -85,5 +85,6 @@ def test_a_budget_below_the_minimum_is_refused_with_the_minimum():
     assert minimum >= 2
     p = make_plan(FAST, PlanFlags(budget_min=minimum))  # the minimum stated is enough
     assert p.steps >= MIN_STEPS and p.total_s <= minimum * 60
+    assert p.eval_prompts == 1 and p.reasons[2].endswith("(the budget is near this machine's minimum)")
     with pytest.raises(BudgetError):
         make_plan(FAST, PlanFlags(budget_min=minimum - 1))

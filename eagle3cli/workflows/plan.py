@@ -197,8 +197,9 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
                           f"needs for the smallest run ({MIN_STEPS} training steps, 1 eval prompt): give "
                           f"--budget {math.ceil(minimum / 60)} or more")
     prompts = f.eval_prompts or min(16, max(2, round(EVAL_PROMPTS_PER_20_MIN * f.budget_min / 20)))
-    if not f.eval_prompts and budget < minimum / USE_OF_BUDGET + eval_seconds(m, f, prompts) - eval_seconds(m, f, 1):
-        prompts = 1  # a budget near the minimum keeps the one prompt the minimum counts
+    eval_why = " (as asked)" if f.eval_prompts else f" ({EVAL_PROMPTS_PER_20_MIN} per 20 minutes of budget, 2 to 16)"
+    if not f.eval_prompts and budget < minimum + (eval_seconds(m, f, prompts) - eval_seconds(m, f, 1)) / USE_OF_BUDGET:
+        prompts, eval_why = 1, " (the budget is near this machine's minimum)"
     fixed = {"measure": m.spent_s, "eval": m.load_s + eval_seconds(m, f, prompts), "export": SETUP_S["export"]}
     room = budget * USE_OF_BUDGET - sum(fixed.values())
     n, steps = _sized(m, f, regenerate, max(1, _fit(m, f, regenerate, room)))
@@ -210,8 +211,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
         f"data: {why}",
         f"size: {n} conversations, {steps} steps of {f.max_tokens} tokens ({epochs}; "
         + (f"{' and '.join(given)} as given" if given else "the most that fit the budget") + ")",
-        f"eval: {prompts} mt_bench prompt{'s' if prompts != 1 else ''}, both turns"
-        + (" (as asked)" if f.eval_prompts else f" ({EVAL_PROMPTS_PER_20_MIN} per 20 minutes of budget, 2 to 16)"),
+        f"eval: {prompts} mt_bench prompt{'s' if prompts != 1 else ''}, both turns{eval_why}",
         "time: " + " + ".join(f"{k} {minutes_text(v)}" for k, v in seconds.items())
         + f" = {minutes_text(plan.total_s)} of the {f.budget_min:g}-minute budget",
     ]
