@@ -16,9 +16,9 @@ def quickstart(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Another target (Hub id or folder); default SmolLM2-135M-Instruct."),
     budget: float = typer.Option(QuickstartOptions.budget, "--budget", metavar="MINUTES",
-                                 help="Minutes the whole run may take: it measures this machine in its first half "
-                                      "minute, then sizes the data route, conversations, training steps and eval "
-                                      "to end within them."),
+                                 help="Minutes the whole run may take: it measures this machine first (half a minute, "
+                                      "more on busy cores), then sizes the data route, conversations, training "
+                                      "steps and eval to end within them."),
     plan_only: bool = typer.Option(False, "--plan-only", help="Measure, print the measurements and the plan, and exit."),
     samples: Optional[int] = typer.Option(None, "--samples",
                                           help="Training conversations (ShareGPT). (default: planned for --budget)"),

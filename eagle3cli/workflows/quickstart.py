@@ -233,7 +233,7 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
             log(f"plan: reusing {saved} ({kept['plan']['conversations']} conversations, {kept['plan']['steps']} steps)")
             _use_threads(kept["measurements"]["threads"])
             return kept
-    log("measuring this machine (about half a minute) ...")
+    log("measuring this machine (half a minute; more on busy cores) ...")
     m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps,
                 opts.accept_loss, started)
     for line in measurement_lines(m):
