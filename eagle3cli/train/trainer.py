@@ -264,6 +264,19 @@ def eval_refusal(target_config) -> str | None:
     return None
 
 
+def check_init_from(cfg: TrainConfig, target_config) -> None:
+    """A corrupted or unreadable --init-from is one line before the target is loaded."""
+    if not cfg.init_from:
+        return
+    from ..publish.draft_check import CorruptDraft
+    from ..publish.formats import FormatError, read_draft
+
+    try:
+        read_draft(cfg.init_from, target_config=target_config)
+    except (FormatError, CorruptDraft) as e:
+        raise TrainError(f"--init-from: {e}") from None
+
+
 def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say):
     """(draft, vocab): the draft vocabulary from the store's token counts (docs/design.md §4), a
     draft on the target's frozen embedding, warm-started and/or continued from --init-from."""
@@ -416,13 +429,7 @@ class Trainer:
                         revision=cfg.revision)
         except StoreError as e:
             raise TrainError(str(e)) from None
-        if cfg.init_from:  # a corrupted or unreadable --init-from is one line before the target is loaded
-            from ..publish.draft_check import CorruptDraft
-            from ..publish.formats import FormatError, read_draft
-            try:
-                read_draft(cfg.init_from, target_config=self.target_config)
-            except (FormatError, CorruptDraft) as e:
-                raise TrainError(f"--init-from: {e}") from None
+        check_init_from(cfg, self.target_config)
         self.layer_ids = m.layer_ids
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
@@ -522,7 +529,7 @@ class Trainer:
         result = TrainResult(self.out, draft, self.step, {}, self.history, stopped)
         if stopped is None:
             if self.probe and not any("measured" in h and h["step"] == self.step for h in self.history):
-                self._measure(cfg.epochs - 1)
+                self._measure(self.history[-1].get("epoch", 0) if self.history else 0)  # the last step's
             self._save(cfg.epochs, 0)
             if self.probe and self.probe.restore_best(draft, self.step, acc.device):
                 self.val = self.evaluate(draft)  # the held-out metrics of the exported weights
