@@ -258,7 +258,7 @@ class LiveView:
 
     def note(self, text: str):
         if self.progress is not None:
-            self.progress.console.print(text, highlight=False)
+            self.progress.console.print(text, highlight=False, soft_wrap=True)  # one line in a log
 
     def __exit__(self, *exc):
         if self.log is not None:
