@@ -144,7 +144,8 @@ def variants(valid: Path) -> dict:
             out[f"config-{key}-{label}"] = _config(_set(key, v))
     for label, v in (("short", [1, 3]), ("huge", [1, 3, 400000]), ("negative", [-2, 3, 4]), ("str", ["1", 3, 4]),
                      ("other", [1, 3, 5])):
-        out[f"config-eagle_config-ids-{label}"] = _config(_nested("eagle_config", "eagle_aux_hidden_state_layer_ids", v))
+        out[f"config-eagle_config-ids-{label}"] = _config(_nested("eagle_config", "eagle_aux_hidden_state_layer_ids",
+                                                                  v))
     for key in ("hidden_size", "rms_norm_eps", "rope_theta", "draft_vocab_size"):  # JSON allows both
         out[f"config-{key}-enormous"] = _config(_set(key, 10 ** 400))
         out[f"config-{key}-nan"] = _config(_set(key, float("nan")))
@@ -187,7 +188,8 @@ def variants(valid: Path) -> dict:
     out["tensor-t2d-as-uint8"] = _tensors(_replace("t2d", lambda x: x.to(torch.uint8)))
     out["tensor-fc.weight-transposed"] = _tensors(_replace("fc.weight", lambda x: x.t().contiguous()))
     out["tensor-extra-name"] = _tensors(lambda t: {**t, "layers.1.weight": torch.zeros(2, dtype=torch.bfloat16)})
-    out["tensor-bias"] = _tensors(lambda t: {**t, "midlayer.self_attn.q_proj.bias": torch.zeros(64, dtype=torch.bfloat16)})
+    bias = torch.zeros(64, dtype=torch.bfloat16)
+    out["tensor-bias"] = _tensors(lambda t: {**t, "midlayer.self_attn.q_proj.bias": bias})
     out["tensor-all-float32"] = _tensors(lambda t: {k: v.float() if v.is_floating_point() else v for k, v in t.items()})
     out["tensor-resaved"] = _tensors(lambda t: t)  # the digest dropped, nothing else changed
 
@@ -423,8 +425,11 @@ def test_the_reported_cases_on_a_smollm2_sized_vocabulary(smol_tiny_dir, tmp_pat
     nan, vocab = tmp_path / "nan", tmp_path / "vocab"
     shutil.copytree(valid, nan)
     shutil.copytree(valid, vocab)
-    _tensors(lambda t: {**t, "fc.weight": t["fc.weight"].index_put((torch.tensor(3), torch.tensor(7)),
-                                                                   torch.tensor(float("nan"), dtype=torch.bfloat16))})(nan)
+    def poison(t):
+        t["fc.weight"][3, 7] = float("nan")
+        return t
+
+    _tensors(poison)(nan)
     assert cli("inspect", nan, "--model", smol_tiny_dir) == (
         f"error: {nan / 'model.safetensors'}: tensor fc.weight: 1 non-finite value(s) (first nan at [3, 7]); "
         "a draft's weights are all finite")

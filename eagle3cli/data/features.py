@@ -102,7 +102,8 @@ def read_sidecar(path: Path) -> dict:
 
     if not isinstance(stats, dict):
         raise bad("the sidecar", "a JSON object")
-    if not isinstance(stats.get("file"), (str, type(None))) or (stats.get("file") and not SHARD_FILE.match(stats["file"])):
+    file = stats.get("file")
+    if not isinstance(file, (str, type(None))) or (file and not SHARD_FILE.match(file)):
         raise bad("file", "the shard's file name")
     for k in SIDECAR_INTS:
         v = stats.get(k)

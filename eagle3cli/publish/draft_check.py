@@ -132,7 +132,8 @@ def _token_id_problems(cfg: dict) -> list[str]:
         v = cfg.get(k)
         ids = v if isinstance(v, list) and k == "eos_token_id" else [v]
         if v is not None and not all(_is_int(t) and -1 <= t < (1 << 24) for t in ids):
-            out.append(f"config.json: {k} is {_show(v)}; expected a token id{' (or a list of them)' * (k == 'eos_token_id')}")
+            what = "a token id (or a list of them)" if k == "eos_token_id" else "a token id"
+            out.append(f"config.json: {k} is {_show(v)}; expected {what}")
     return out
 
 

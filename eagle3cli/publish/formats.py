@@ -41,8 +41,8 @@ from ..core.errors import Eagle3Error
 from .draft_check import CorruptDraft, config_problems, read_weights
 from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS, OPTIONAL_WEIGHTS,
-    REQUIRED_WEIGHTS, WEIGHTS, check_draft, draft_config_from_json, draft_from_tensors, expected_shapes, exported_state_dict,
-    options_from_json, save_draft)
+    REQUIRED_WEIGHTS, WEIGHTS, check_draft, draft_config_from_json, draft_from_tensors, expected_shapes,
+    exported_state_dict, options_from_json, save_draft)
 from ..core.io_utils import default_file_mode, write_json
 from ..model.layers import default_layer_ids, num_layers
 

@@ -173,7 +173,8 @@ def _check_tensors(cfg: dict, tensors: dict[str, torch.Tensor], rep: InspectRepo
                     else "the engine leaves that weight random")
             rep.problems.append(f"tensor {name}: missing ({what})")
     ends = (cfg.get(METADATA_KEY) or {}).get("end_token_ids")
-    rep.problems += tensor_problems(dcfg, tensors, expected_shapes(dcfg), end_token_ids=ends)  # shapes, dtypes, finite, vocab maps
+    # shapes, dtypes, finite values, vocab maps: the readers' own check (draft_check)
+    rep.problems += tensor_problems(dcfg, tensors, expected_shapes(dcfg), end_token_ids=ends)
     if dcfg.hidden_size != dcfg.target_hidden_size and "embed_tokens.weight" not in tensors:
         rep.problems.append("tensor embed_tokens.weight: missing although hidden_size != target_hidden_size "
                             "(the target's embedding cannot be shared)")
