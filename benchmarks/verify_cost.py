@@ -5,7 +5,8 @@
 Speculative decoding pays when tau (tokens per target forward) exceeds the cost of verifying
 n drafted tokens relative to decoding one: on a GPU that ratio stays near 1 up to dozens of
 tokens; on a CPU it does not. This prints the median latency of one target forward of n new
-tokens after a prefix, on the HF forward (DynamicCache, what `eagle3 eval --fast off` runs)
+tokens after a prefix, on the HF forward (the generator's HFVerifier: a DynamicCache that keeps
+every position and a mask per layer kind, what `eagle3 eval --fast off` runs)
 and on the fast path (fast_target: static cache, fused and packed matmuls, what `eagle3 eval`
 runs by default; its matmuls MKL-packed for each size, and oneDNN-prepacked where oneDNN is
 available), HF as a ratio to its own n = 1, the fast path to its fastest n = 1. The two
@@ -49,9 +50,7 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from transformers import DynamicCache
-
-    from eagle3cli.decode.generator import forward
+    from eagle3cli.decode.generator import HFVerifier
 
     target = load_target(TargetSpec(args.model))
     sizes = tuple(int(x) for x in args.sizes.split(","))
@@ -61,11 +60,11 @@ def main():
     ids = torch.randint(100, target.config.vocab_size - 1, (1, args.prefix),
                         generator=torch.Generator().manual_seed(0))
     layers = (2, target.config.num_hidden_layers // 2, target.config.num_hidden_layers - 3)
-    cache = DynamicCache(config=target.config)
+    verifier = HFVerifier(target)
     onednn = Linear.can_pack(fast.head.weight, ONEDNN)
     lat = {}
     with torch.no_grad():
-        forward(target, ids, cache, logits_to_keep=1)
+        verifier.prefill(ids)
         fast.forward(ids[0], torch.arange(args.prefix), 0, logits="last")
 
         def fast_ms(n):
@@ -76,11 +75,17 @@ def main():
             new = ids[:, -n:]
             pos = torch.arange(args.prefix, args.prefix + n)
 
-            def hf():
-                forward(target, new, cache, position_ids=pos[None])
-                cache.crop(-n)
+            mask = torch.ones(n, args.prefix + n, dtype=torch.bool).tril(args.prefix)[None, None]
 
-            lat[n] = [median_ms(hf, args.repeats), fast_ms(n)]
+            def hf():  # the verification alone; dropping its entries again is not timed
+                t0 = time.perf_counter()
+                verifier.verify(new, pos[None], mask, args.prefix)
+                t = time.perf_counter() - t0
+                verifier.keep(args.prefix, [])
+                return t
+
+            hf()
+            lat[n] = [1000 * sorted(hf() for _ in range(args.repeats))[args.repeats // 2], fast_ms(n)]
         packed_one = fast_ms(1)
         fast.decoder.repack(tuple(n for n in sizes if n > 1))
         unpacked_one = fast_ms(1)

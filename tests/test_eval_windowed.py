@@ -1,6 +1,7 @@
 """`eagle3 eval` end to end on tiny targets with sliding windows (Gemma 3, gpt-oss, Ministral) and
 chunked attention (Llama 4): chain and tree, lossless against the target's own generate, with answers
-and conversations longer than the window."""
+and conversations longer than the window. Gemma 3 verifies on the fast path, the others on the HF
+forward."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_eval_chain_and_tree_are_lossless_past_the_window(family, two_turns, tmp
                                 "--data", str(two_turns), "--out", str(out), "--max-new-tokens", "24", *mode])
         assert r.exit_code == 0, r.output
         t = json.loads((out / "results.json").read_text())["tasks"]["mini"]
-        assert t["path"] == "hf" and t["errors"] == [], r.output
+        assert t["path"] == ("fast" if family == "gemma3" else "hf") and t["errors"] == [], r.output
         assert t["lossless"] is True and t["mismatches"] == []
         assert t["num_prompts"] == 1 and t["tau"] >= 1.0
         assert t["tokens_per_s"]["speculative"] > 0

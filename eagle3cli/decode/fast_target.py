@@ -1,4 +1,4 @@
-"""A lean forward of Llama-family targets over a static KV cache: the generator's fast path.
+"""A lean forward of Llama-family and Gemma 3 targets over a static KV cache: the generator's fast path.
 
 On a CPU the plain HF forward of a 135M model spends as long in Python and small ops (mask
 building, a growing ``DynamicCache`` concatenated every call, three separate q/k/v and two
@@ -10,6 +10,10 @@ runs the same model with the same weights and the same formulas (HF's own RoPE t
     x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope -> write k, v into the static
       cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
       -> rmsnorm -> [gate|up] one matmul -> silu(gate) * up -> down -> residual
+
+Gemma 3 takes the same steps with its own pieces: embeddings times sqrt(hidden), (1 + w) norms
+that also follow each sublayer, gelu-tanh, query_pre_attn_scalar, a RoPE table per layer kind,
+each sliding layer's window in its mask (by the row's position), final soft-capping if set.
 
 The cache is preallocated ([layers, kv heads, positions, head_dim], 1,024 positions, doubled when
 a sequence outgrows it, up to max_len); keeping the accepted
@@ -275,10 +279,6 @@ class Decoder:
         x = self.embed[ids]
         return x if self.embed_scale is None else x * self.embed_scale
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.head(x)
-        return out if self.softcap is None else torch.tanh(out / self.softcap) * self.softcap
-
 
 def attention_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
     """What the fast path's attention (and its KV cache) computes in for a decoder in ``dtype``.
@@ -381,7 +381,9 @@ class FastTarget:
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
-        out = self.decoder.logits(x if logits == "all" else x[-1:])
+        out = self.head(x if logits == "all" else x[-1:])
+        if self.decoder.softcap is not None:  # Gemma's final_logit_softcapping, as HF applies it
+            out = torch.tanh(out / self.decoder.softcap) * self.decoder.softcap
         return out, hidden
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:

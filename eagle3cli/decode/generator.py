@@ -459,7 +459,7 @@ class HFVerifier:
 
 
 class FastVerifier:
-    """fast_target.FastTarget: same model, static cache, packed matmuls (Llama-family targets)."""
+    """fast_target.FastTarget: same model, static cache, packed matmuls (Llama-family and Gemma 3 targets)."""
 
     name = "fast"
 
