@@ -256,23 +256,24 @@ def choose_threads(model) -> tuple[int, str]:
     """Run on one thread when that is faster here: (threads now set, why). On busy cores two
     OpenMP threads that wait for each other can make each op many times slower than one thread
     (a 32 x 576 x 1,536 matmul took 39 ms on two busy cores against 2.5 ms on one); a quiet
-    machine keeps all of them. Probed with a 64-token target forward at both settings."""
+    machine keeps all of them. Probed with a 32-token target forward at both settings (timed once
+    on all threads: on busy cores that is the slow one)."""
     import torch
 
     n = torch.get_num_threads()
     if n == 1:
         return 1, ""
-    ids = torch.randint(3, 100, (1, 64))
+    ids = torch.randint(3, 100, (1, 32))
 
-    def probe():
+    def probe(repeats):
         with torch.no_grad():
-            return median_seconds(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), 3)
+            return median_seconds(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), repeats)
 
-    many = probe()
+    many = probe(1)
     torch.set_num_threads(1)
-    one = probe()
+    one = probe(3)
     if one < 0.9 * many:
-        return 1, (f"a 64-token forward took {1000 * one:.0f} ms on one thread against {1000 * many:.0f} on {n}: "
+        return 1, (f"a 32-token forward took {1000 * one:.0f} ms on one thread against {1000 * many:.0f} on {n}: "
                    "the cores are busy")
     torch.set_num_threads(n)
     return n, ""
