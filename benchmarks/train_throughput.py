@@ -130,7 +130,8 @@ def main():
     ap.add_argument("--draft-vocab-size", default="32000")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--ttt-steps", default="1,7", help="comma-separated --ttt-steps settings")
-    ap.add_argument("--mixed-precision", default="auto", help="comma-separated --mixed-precision settings")
+    ap.add_argument("--mixed-precision", default="auto", help="comma-separated --mixed-precision settings "
+                    "(repeat them, e.g. no,bf16,no,bf16, to interleave runs in one process)")
     ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count and the matmul peak")
     args = ap.parse_args()
     if args.threads:
@@ -139,12 +140,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(build_store(Path(args.model), Path(tmp) / "store", args.conversations))
         rows = [measure(data, args.model, s, p, args.steps, args.skip, args.max_tokens, args.draft_vocab_size,
-                        Path(tmp) / f"run{s}_{p}") for s, p in runs]
-        if not args.no_flops:
+                        Path(tmp) / f"run{i}_{s}_{p}") for i, (s, p) in enumerate(runs)]
+        if not args.no_flops:  # once per distinct setting (a setting may be repeated to interleave runs)
+            counted = {(s, p): step_flops(settings(data, args.model, s, p, 1, args.max_tokens, args.draft_vocab_size,
+                                                   Path(tmp) / f"flops_{s}_{p}")) for s, p in dict.fromkeys(runs)}
             for r in rows:
-                r["flops"] = step_flops(settings(data, args.model, r["ttt_steps"], r["mixed_precision"], 1,
-                                                 args.max_tokens, args.draft_vocab_size,
-                                                 Path(tmp) / f"flops{r['ttt_steps']}_{r['mixed_precision']}"))
+                r["flops"] = counted[(r["ttt_steps"], r["mixed_precision"])]
     print(f"{'ttt_steps':>9} {'precision':>9} {'tokens/s':>10} {'tokens/cpu-s':>13} {'mean loss':>10} {'steps':>6} "
           f"{'peak MB':>8}")
     for r in rows:
