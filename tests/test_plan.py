@@ -88,3 +88,24 @@ def test_a_budget_below_the_minimum_is_refused_with_the_minimum():
     assert p.eval_prompts == 1 and p.reasons[2].endswith("(the budget is near this machine's minimum)")
     with pytest.raises(BudgetError):
         make_plan(FAST, PlanFlags(budget_min=minimum - 1))
+
+
+def test_training_is_cut_when_the_data_took_longer_than_planned():
+    """After gen-data the steps are re-fitted to the time left: the plan's when on time, fewer when
+    late (never below MIN_STEPS), and --steps as given is kept."""
+    from eagle3cli.workflows.plan import steps_left_for
+
+    f = PlanFlags(budget_min=20)
+    p = make_plan(FAST, f)
+    on_time = p.seconds["measure"] + p.seconds["gen-data"]
+    assert steps_left_for(FAST, f, p, on_time) == p.steps
+    late = steps_left_for(FAST, f, p, on_time + 120)
+    assert MIN_STEPS <= late < p.steps
+    # the steps cut are those the two minutes would have paid for, give or take one
+    cut_s = train_seconds(p.steps, p.warmup_steps, FAST.step_s, FAST.warmup_step_s) - \
+        train_seconds(late, int(late * 0.25), FAST.step_s, FAST.warmup_step_s)
+    slack = 20 * 60 * 0.92 - p.total_s  # the plan's own room left over
+    assert 120 - slack <= cut_s <= 120 + 2 * FAST.step_s
+    assert steps_left_for(FAST, f, p, 20 * 60) == MIN_STEPS
+    given = PlanFlags(budget_min=20, steps=p.steps)
+    assert steps_left_for(FAST, given, make_plan(FAST, given), on_time + 600) == p.steps

@@ -80,7 +80,7 @@ class StampedLog(io.TextIOBase):
         return False
 
 
-LINE = re.compile(r"^gen-data: (\d+)/9 conversations \((\d+)%\), ([\d.]+) conversations/s, ([\d,]+) stored tok/s, "
+LINE = re.compile(r"^gen-data: (\d+)/9 conversations \((\d+)%\), ([\d.]+) conversations/s(?:, ([\d,]+) stored tok/s)?, "
                   r"elapsed (\d+:\d\d), eta (\S+)$")
 
 
@@ -108,7 +108,12 @@ def test_gen_data_to_a_log_writes_a_progress_line_every_interval_with_a_slow_tar
                           batch_size=4)
     man = run(opts, TargetSpec(str(smol_tiny_dir), device="cpu"), Console(file=log, soft_wrap=True))
     assert man["num_samples"] == 9
-    progress = [(t, LINE.match(text)) for t, text in log.lines if text.startswith("gen-data: ")]
+    # before regenerating: the estimate from one timed decode step of the slots
+    said = [text for _, text in log.lines if text.startswith("gen-data: ~")]
+    assert len(said) == 1 and re.match(r"gen-data: ~\d+ (s|min) for [\d,]+ generated tokens at the measured [\d,]+ "
+                                       r"generated tokens/s \(regeneration", said[0]), said
+    progress = [(t, LINE.match(text)) for t, text in log.lines
+                if text.startswith("gen-data: ") and not text.startswith("gen-data: ~")]
     assert all(m is not None for _, m in progress), [text for _, text in log.lines]
     assert len(progress) >= 5  # ~6.3 s of regeneration at one line a second
     gaps = [b[0] - a[0] for a, b in zip(progress, progress[1:])]
@@ -118,7 +123,8 @@ def test_gen_data_to_a_log_writes_a_progress_line_every_interval_with_a_slow_tar
     mid = next(m for _, m in progress if int(m.group(1)) == 3)
     assert float(mid.group(3)) > 0 and re.fullmatch(r"\d+:\d\d", mid.group(6))  # a rate, so an ETA
     last = progress[-1][1]
-    assert (last.group(2), last.group(6)) == ("100", "0:00")
+    assert (last.group(2), last.group(6)) == ("100", "0:00") and int(last.group(4).replace(",", "")) > 0
+    assert progress[0][1].group(4) is None  # no stored tokens/s before the first shard is stored
 
 
 def test_train_view_says_each_phase_estimate_once_from_its_measured_steps(monkeypatch):

@@ -696,7 +696,7 @@ class Pipeline:
         from .regen_rate import regen_bound, turn_lengths
 
         o = self.opts
-        if not (o.regenerate and self.model is not None and self.endpoint is None) or len(convs) < 4 * o.batch_size:
+        if not (o.regenerate and self.model is not None and self.endpoint is None) or len(convs) < 2 * o.batch_size:
             return
         sample = convs[:: max(1, len(convs) // 200)][:200]
         turns = [turn_lengths(self.tokenizer, c.messages, o.max_new_tokens) for c in sample]
@@ -730,7 +730,7 @@ class Pipeline:
         # A log file gets a plain line at least every 30 s (core/progress.py); a terminal the live bar.
         self.log_progress = LogProgress("gen-data", total, "conversations", self.console, done0=already,
                                         extra=lambda: f"{rate['tok'] / max(1e-9, time.perf_counter() - rate['t0']):,.0f}"
-                                                      " stored tok/s")
+                                                      " stored tok/s" if rate["tok"] else "")  # once a shard is stored
         self.shard_base = already
         with self.log_progress, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rates]}"), TimeElapsedColumn(), TimeRemainingColumn(),

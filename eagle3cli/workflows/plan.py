@@ -221,6 +221,23 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     return plan
 
 
+def steps_left_for(m: Measurements, f: PlanFlags, plan: Plan, elapsed_s: float) -> int:
+    """The training steps that still fit once gen-data is done ``elapsed_s`` into the run: the
+    plan's, or fewer when the data took longer than planned (a machine that got busier), so that
+    training, eval and export still end within the budget; never below MIN_STEPS (nor above the
+    plan's: data sized for them is all there is). A pure function, as make_plan."""
+    if f.steps is not None:
+        return plan.steps
+    full_s, warm_s = per_step_seconds(m, f, online=not plan.regenerate)
+    after = plan.seconds["eval"] + plan.seconds["export"]
+    train_fixed = plan.seconds["train"] - train_seconds(plan.steps, plan.warmup_steps, full_s, warm_s)
+    room = f.budget_min * 60 * USE_OF_BUDGET - elapsed_s - after - train_fixed
+    steps = plan.steps
+    while steps > MIN_STEPS and train_seconds(steps, int(steps * f.ttt_warmup_share), full_s, warm_s) > room:
+        steps -= 1
+    return steps
+
+
 def measurement_lines(m: Measurements) -> list[str]:
     return [
         f"cpu: {m.cpu}, {m.threads} thread{'s' if m.threads != 1 else ''}"

@@ -267,6 +267,23 @@ def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: b
     return planned
 
 
+def _resize_training(opts: QuickstartOptions, planned: dict, elapsed: float, log):
+    """After gen-data: fewer training steps when the data took longer than planned, so that the
+    run still ends within the budget (plan.steps_left_for). Not on a resumed training run: its
+    checkpoints were made for the steps it started with."""
+    from .plan import Measurements, Plan, PlanFlags, steps_left_for
+
+    if (opts.out / "draft").exists():
+        return
+    p = planned["plan"]
+    plan = Plan(p["regenerate"], p["conversations"], p["steps"], p["warmup_steps"], p["eval_prompts"], p["seconds"])
+    steps = steps_left_for(Measurements(**planned["measurements"]), PlanFlags(**planned["flags"]), plan, elapsed)
+    if steps < opts.steps:
+        log(f"plan: gen-data ended {elapsed - p['seconds']['measure'] - p['seconds']['gen-data']:.0f} s later than "
+            f"planned: {steps} training steps instead of {opts.steps}, to end within the budget")
+        opts.steps = steps
+
+
 def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> QuickstartResult:
     """The whole quickstart; ``plan_only``: measure and plan, print, write nothing else."""
     opts.out = Path(opts.out)
@@ -291,6 +308,8 @@ def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> Quicksta
     prompts = _prompts(opts, log)
     data = _gen_data(opts, model, prompts, log)
     lap("gen-data")
+    if planned is not None:
+        _resize_training(opts, planned, time.perf_counter() - started, log)
     draft = _train(opts, model, data, log)
     lap("train")
     results = _eval(opts, model, draft, log)
