@@ -3,7 +3,7 @@ to the static-batch loop token for token."""
 
 import pytest
 import torch
-from tiny import tiny_model
+from tiny import tiny_config, tiny_model
 
 from eagle3cli.decode.batch_decode import SlotTarget, common_prefix
 from eagle3cli.data.chat_mask import end_of_turn_ids
@@ -199,3 +199,21 @@ def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_a_bf16_cpu(monkeypa
         regen.regen_dtype("bfloat16", gemma, "cpu", torch.float32)
     with pytest.raises(ValueError, match="must be auto or one of"):
         regen.regen_dtype("bf16", llama, "cpu", torch.float32)
+
+
+def test_continuous_batching_refuses_a_window_it_would_ignore():
+    """Slots attend to every cached position, so a windowed target regenerates in static batches
+    (HF's own forward) instead of silently attending past its window; the fast path applies it."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle3cli.decode.batch_decode import SlotTarget
+    from eagle3cli.decode.fast_target import FAST_PATH_TYPES, config_unsupported_reason, unsupported_reason
+
+    windowed = tiny_config("mistral", sliding_window=8)
+    assert config_unsupported_reason(windowed) == "sliding-window or chunked attention (continuous batching applies neither)"
+    assert config_unsupported_reason(windowed, FAST_PATH_TYPES) is None
+    assert config_unsupported_reason(tiny_config("mistral", sliding_window=None)) is None
+    model = AutoModelForCausalLM.from_config(windowed)
+    assert unsupported_reason(model) is not None
+    with pytest.raises(ValueError, match="continuous batching does not support this target"):
+        SlotTarget(model, slots=2, max_len=16)
