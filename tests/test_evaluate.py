@@ -82,7 +82,7 @@ def test_eval_writes_lossless_results(smol_tiny_dir, turns_file, tmp_path, monke
                             "--tree", "6,3,2", "--baseline", "prompt-lookup"])
     assert r.exit_code == 0, r.output
     assert [ln.split(",")[0] for ln in r.output.splitlines() if ln.startswith("eval: ")] == \
-        ["eval: 1/3 prompts", "eval: 2/3 prompts", "eval: 3/3 prompts"]  # plain progress when not a terminal
+        ["eval: 1/3 prompts (33%)", "eval: 2/3 prompts (67%)", "eval: 3/3 prompts (100%)"]  # one line a prompt in a log
     header = next(ln for ln in r.output.splitlines() if "task" in ln and "tau" in ln)
     assert "lookup tok/s" in header and "lossless" in header  # a log keeps the table's full width
     res = json.loads((out / "results.json").read_text())

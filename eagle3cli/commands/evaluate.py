@@ -83,11 +83,7 @@ def _with_progress(n_prompts: int, run):
 
         def advance():
             bar.advance(job)
-            log.update(advance=1)
-            if not console.is_terminal:  # a log file gets no live bar: one line per prompt
-                t = bar.tasks[0]
-                console.print(f"eval: {int(t.completed)}/{n_prompts} prompts, {int(t.elapsed or 0)} s",
-                              highlight=False)
+            log.update(advance=1, force=True)  # a log file gets no live bar: one line per prompt
 
         return run(advance)
 

@@ -53,6 +53,7 @@ class LogProgress:
         self.enabled = (not getattr(console, "is_terminal", False)) if enabled is None else enabled
         self.extra, self.clock = extra, clock
         self.done0 = self.done = done0
+        self.printed = None  # the done count of the last line printed
         self.t0 = self.last = clock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,11 +77,12 @@ class LogProgress:
         return (f"{self.label}: {self.done:,}/{self.total:,} {self.unit}{pct}, {rate:.2f} {self.unit}/s"
                 f"{', ' + extra if extra else ''}, elapsed {clock_text(now - self.t0)}, eta {eta}")
 
-    def update(self, done: int | None = None, advance: int = 0):
-        """Record progress (``done`` absolute, or ``advance`` more); print when a line is due."""
+    def update(self, done: int | None = None, advance: int = 0, force: bool = False):
+        """Record progress (``done`` absolute, or ``advance`` more); print when a line is due, or now
+        with ``force`` (units that take long each, such as eval's prompts, get a line apiece)."""
         with self._lock:
             self.done = (self.done if done is None else done) + advance
-        self._print_if_due()
+        self._print_if_due(force)
 
     def _print_if_due(self, force: bool = False):
         if not self.enabled:
@@ -89,7 +91,7 @@ class LogProgress:
             now = self.clock()
             if not force and now - self.last < self.interval:
                 return
-            self.last = now
+            self.last, self.printed = now, self.done
             text = self.line(now)
         self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
@@ -103,7 +105,7 @@ class LogProgress:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if final:
+        if final and self.printed != self.done:  # the last state, unless its line is out already
             self._print_if_due(force=True)
 
     def __enter__(self):
