@@ -18,6 +18,8 @@ FAMILIES: dict[str, dict] = {
     "llama": {},
     "mistral": {"sliding_window": None},
     "ministral": {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "ministral3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,  # its own scaled queries
+                                       "original_max_position_embeddings": 32, "llama_4_scaling_beta": 0.1}},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2": {},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
