@@ -434,3 +434,23 @@ def test_prompts_longer_than_max_length_are_not_answered(smol_tiny_dir, data_fil
     assert man["num_samples"] == 0 and man["skipped"] == {"first prompt reaches --max-length": 6}
     assert man["shards_done"] == 3 and man["complete"] is False
     assert man["source"]["regeneration"] == {"answers": 0, "cut": 0, "dropped_turns": 9, "generated_tokens": 0}
+
+
+def test_capture_reports_its_progress_and_matches_one_forward_a_sample():
+    """With the dataset's answers, capture is all of a shard's work: it reports each micro-batch (the
+    log's progress line follows it), and micro-batching leaves each sample's features its own."""
+    from tiny import tiny_model
+
+    from eagle3cli.data.gen_data import capture_samples
+    from eagle3cli.model.target import capture
+
+    model = tiny_model("llama")
+    lengths = [5, 9, 3, 12, 7]
+    samples = [{"input_ids": list(range(1, n + 1))} for n in lengths]
+    seen = []
+    capture_samples(model, samples, (1, 2, 5), token_budget=20, on_progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == len(samples) and len(seen) > 1
+    for s in samples:
+        aux, final = capture(model, torch.tensor([s["input_ids"]]), (1, 2, 5), None)
+        torch.testing.assert_close(s["aux"], aux[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s["final"], final[0], rtol=1e-5, atol=1e-5)

@@ -186,8 +186,9 @@ def estimated_tokens(tokenizer, conv: Conversation, o) -> int:
     return min(n + answers * (o.max_new_tokens + 8), o.max_length)
 
 
-def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
+def capture_samples(model, samples: list[dict], layer_ids, token_budget: int, on_progress=None):
     """Fill ``aux``/``final`` of each sample: forwards over length-sorted micro-batches.
+    ``on_progress(n)``: called with the number of samples captured so far after each micro-batch.
 
     Right padding: real tokens never attend to the pads that follow them (causal mask), so
     each sample's features are those of its own forward.
@@ -210,6 +211,7 @@ def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
         cur.append(i)
     if cur:
         batches.append(cur)
+    done = 0
     for batch in batches:
         width = max(len(samples[i]["input_ids"]) for i in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -227,6 +229,9 @@ def capture_samples(model, samples: list[dict], layer_ids, token_budget: int):
             n = len(samples[i]["input_ids"])
             samples[i]["aux"] = aux[r, :n].cpu()
             samples[i]["final"] = final[r, :n].cpu()
+        if on_progress is not None:
+            done += len(batch)
+            on_progress(done)
 
 
 # ---------------------------------------------------------------- output folder
@@ -597,7 +602,12 @@ class Pipeline:
             if self.vllm is not None:
                 self.vllm.capture(samples)
             else:
-                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens)
+                # Capture is the whole shard's work when the dataset's answers are kept: the log's
+                # progress follows it (in conversations, pro rata); regeneration reported its own.
+                n_convs = len(convs)
+                on_progress = None if o.regenerate else (
+                    lambda done: self.log_progress.update(self.shard_base + n_convs * done // len(samples)))
+                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens, on_progress)
         name = shard_name(self.rank, index)
         path = self.out / SHARD_DIR / name
         if samples:
