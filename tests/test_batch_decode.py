@@ -16,9 +16,14 @@ def hf_last_logits(model, ids):
         return model(torch.tensor([ids])).logits[0, -1]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "mistral-window"])
 def test_slot_target_matches_hf_forward(arch):
-    model = tiny_model(arch)
+    """Prefill and decode equal the model's own forward; a windowed target (a Mistral window of 4,
+    sequences of up to 14) attends only inside its window, as HF's forward does."""
+    if arch == "mistral-window":
+        model = tiny_model("mistral", sliding_window=4)
+    else:
+        model = tiny_model(arch)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 11, 2)]
     slots = SlotTarget(model, slots=3, max_len=4)  # too small on purpose: the cache must grow
@@ -200,20 +205,3 @@ def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_a_bf16_cpu(monkeypa
     with pytest.raises(ValueError, match="must be auto or one of"):
         regen.regen_dtype("bf16", llama, "cpu", torch.float32)
 
-
-def test_continuous_batching_refuses_a_window_it_would_ignore():
-    """Slots attend to every cached position, so a windowed target regenerates in static batches
-    (HF's own forward) instead of silently attending past its window; the fast path applies it."""
-    from transformers import AutoModelForCausalLM
-
-    from eagle3cli.decode.batch_decode import SlotTarget
-    from eagle3cli.decode.fast_target import FAST_PATH_TYPES, config_unsupported_reason, unsupported_reason
-
-    windowed = tiny_config("mistral", sliding_window=8)
-    assert config_unsupported_reason(windowed) == "sliding-window or chunked attention (continuous batching applies neither)"
-    assert config_unsupported_reason(windowed, FAST_PATH_TYPES) is None
-    assert config_unsupported_reason(tiny_config("mistral", sliding_window=None)) is None
-    model = AutoModelForCausalLM.from_config(windowed)
-    assert unsupported_reason(model) is not None
-    with pytest.raises(ValueError, match="continuous batching does not support this target"):
-        SlotTarget(model, slots=2, max_len=16)

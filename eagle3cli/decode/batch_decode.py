@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .attention import kind_masks, layout
 from .fast_target import ONEDNN, SUPPORTED_TYPES, Decoder, _rms_norm
 
 
@@ -43,6 +44,7 @@ class SlotTarget:
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
         self.slots = slots
+        self.layout = layout(model.config)  # each layer's window or chunk, applied in its mask
         self._rope = apply_rotary_pos_emb
         self.max_len = 0
         self.k = self.v = None
@@ -82,8 +84,10 @@ class SlotTarget:
         dev = self.embed.device
         positions = torch.arange(start, start + n, device=dev)
         x = self.embed[torch.tensor(ids, device=dev)]
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=dev).tril(start)[None, None]
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=dev).tril(start)
+        masks = kind_masks(allowed, positions, torch.arange(start + n, device=dev), self.layout)
         for j, layer in enumerate(self.layers):
+            mask = masks[self.layout.kinds[j]][None, None]
             q, k, v = self._qkv(layer, x, positions)
             self.k[j, slot, :, start:start + n] = k.transpose(0, 1)
             self.v[j, slot, :, start:start + n] = v.transpose(0, 1)
@@ -101,10 +105,13 @@ class SlotTarget:
         self.grow(span)
         rows = torch.arange(m, device=tokens.device)
         x = self.embed[tokens]
-        # [m, 1, 1, span]: slot r sees its own positions 0..lengths[r] (the new token included).
-        mask = (torch.arange(span, device=tokens.device)[None] <= lengths[:, None])[:, None, None]
+        # [m, span]: slot r sees its own positions 0..lengths[r] (the new token included), narrowed
+        # to the layer's window or chunk around lengths[r].
+        keys = torch.arange(span, device=tokens.device)
+        masks = kind_masks(keys[None] <= lengths[:, None], lengths, keys, self.layout)
         groups = self.n_heads // self.n_kv
         for j, layer in enumerate(self.layers):
+            mask = masks[self.layout.kinds[j]][:, None, None]  # [m, 1, 1, span]
             q, k, v = self._qkv(layer, x, lengths)
             self.k[j, rows, :, lengths] = k  # slot r's entry at position lengths[r]
             self.v[j, rows, :, lengths] = v

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.hf_utils import text_config
-from .attention import FULL, kind_masks, layout
+from .attention import kind_masks, layout
 from .tree import new_tree, verify_mask
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
@@ -76,10 +76,6 @@ def config_unsupported_reason(config, families=SUPPORTED_TYPES) -> str | None:
         return f"rope_type {rope_type!r}"
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
         return "sliding-window attention"
-    if families == SUPPORTED_TYPES and set(layout(cfg).kinds) != {FULL}:
-        # Continuous batching's slots (the callers that pass these families) attend to every cached
-        # position: a window or chunk would be silently ignored once a sequence outgrows it.
-        return "sliding-window or chunked attention (continuous batching applies neither)"
     if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and kind != "qwen2"):  # Qwen2's q/k/v biases are fused
         return "biases in the MLP or attention"
     return None
