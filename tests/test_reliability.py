@@ -139,7 +139,8 @@ def test_openai_content_parts_are_joined(tmp_path):
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     convs, report = load_conversations(str(p))
     assert convs[0].messages == [{"role": "user", "content": "Hello\nthere"}, {"role": "assistant", "content": "Hi!"}]
-    assert dict(report.skipped) == {"non-text content part (image_url) in a user turn": 1,
+    # an image part is an image now (vision-language targets): a path that is not there skips the row
+    assert dict(report.skipped) == {"image file not found": 1,
                                     "non-string content in an assistant turn": 1}
 
 
@@ -331,7 +332,8 @@ def test_disk_estimate_is_compared_with_free_space(smol_tiny_dir, data6, tmp_pat
     res = gen(smol_tiny_dir, data6, tmp_path / "s")
     assert res.exit_code == 1
     line = error_line(res)
-    assert line.startswith("error: not enough disk space: the remaining shards need ~995 B, ") and line.endswith(
+    # the estimate counts what the chat template renders (system prompt and turn headers included)
+    assert line.startswith("error: not enough disk space: the remaining shards need ~1.5 KB, ") and line.endswith(
         f"100 B is free at {tmp_path / 's'}: free space, choose another --out or lower --max-samples "
         "(--skip-disk-check if the estimate is too high)")
     assert not list((tmp_path / "s").glob("shards/*"))
