@@ -686,7 +686,7 @@ def test_n_alpha_counts_conditional_acceptance():
 from eagle3cli.decode.fast_target import FastTarget  # noqa: E402
 from eagle3cli.decode.tree import verify_mask  # noqa: E402
 
-FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+FAST_ARCHS = ["llama", "qwen2", "qwen3", "mistral", "granite"]
 
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

@@ -41,7 +41,7 @@ from .tree import new_tree, verify_mask
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
 # Gemma 3: scaled embeddings, (1 + w) norms around both sublayers, q/k norms, per-layer-kind RoPE and
 # sliding windows; the fast path (FastTarget) runs it, continuous batching (batch_decode) does not
-FAST_PATH_TYPES = SUPPORTED_TYPES | {"gemma3_text"}
+FAST_PATH_TYPES = SUPPORTED_TYPES | {"gemma3_text", "granite"}
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables that do not depend on the sequence length
 GEMMA_ACT = "gelu_pytorch_tanh"
 
@@ -197,6 +197,7 @@ class Layer:
         self.qk_norms = None if qn is None else (_weights(qn.weight, dtype=dtype), _weights(kn.weight, dtype=dtype),
                                                  _eps(qn))
         self.kind = getattr(a, "layer_type", None)  # Gemma 3: which RoPE table and mask the layer takes
+        self.res_mult = getattr(layer, "residual_multiplier", None)  # Granite: sublayer outputs scaled
         self.scaling = a.scaling
         self.inter = m.gate_proj.weight.shape[0]
 
@@ -211,12 +212,16 @@ class Layer:
 
     def attn_out(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention output ``o`` (already projected)."""
+        if self.res_mult is not None:  # Granite: residual + out * residual_multiplier, as HF writes it
+            return x + o * self.res_mult
         return x + (o if self.post is None else _gemma_norm(o, self.post[0], self.eps))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream after the MLP."""
         gu = self.gate_up(self.rms(x, self.ln2, self.eps))
         y = self.down(self.act(gu[:, :self.inter]) * gu[:, self.inter:])
+        if self.res_mult is not None:
+            return x + y * self.res_mult
         return x + (y if self.post is None else _gemma_norm(y, self.post[1], self.eps))
 
 
@@ -246,6 +251,10 @@ class Decoder:
         self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), _eps(self.base.norm)
         self.final_norm = _gemma_norm if self.layers[0].gemma else _rms_norm
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        # Granite: embeddings times embedding_multiplier, logits divided by logits_scaling (HF's
+        # own operations, so greedy choices stay bitwise those of the HF forward)
+        self.embed_mult = getattr(self.base, "embedding_multiplier", None)
+        self.logits_div = getattr(cfg, "logits_scaling", None) if cfg.model_type == "granite" else None
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
         # of a vocab-sized matrix is as slow as the layers' (a 4-row verification: 1.58x one token with
         # the head unpacked, 1.17x packed, fp32 on an AMX Xeon).
@@ -277,6 +286,8 @@ class Decoder:
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed[ids]
+        if self.embed_mult is not None:
+            x = x * self.embed_mult
         return x if self.embed_scale is None else x * self.embed_scale
 
 
@@ -382,6 +393,8 @@ class FastTarget:
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
         out = self.head(x if logits == "all" else x[-1:])
+        if self.decoder.logits_div is not None:
+            out = out / self.decoder.logits_div
         if self.decoder.softcap is not None:  # Gemma's final_logit_softcapping, as HF applies it
             out = torch.tanh(out / self.decoder.softcap) * self.decoder.softcap
         return out, hidden
