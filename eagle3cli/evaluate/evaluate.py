@@ -20,6 +20,8 @@ import torch
 
 from ..core.errors import Eagle3Error
 from ..core.hf_utils import synchronize, text_config
+from ..data.turns import Prompt
+from ..data.turns import load_turns_file as read_turns
 
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
 
@@ -41,42 +43,12 @@ class EvalError(Eagle3Error, ValueError):
     """Bad input for eval: one line for the user."""
 
 
-@dataclass
-class Prompt:
-    id: str
-    category: str
-    turns: list[str]
-
-
 # --------------------------------------------------------------------------------------
 # Prompts
 # --------------------------------------------------------------------------------------
 def load_turns_file(path: str | Path, limit: int | None = None, default_category: str = "") -> list[Prompt]:
     """A JSONL file of ``{"question_id", "category", "turns": [...]}`` records (the EAGLE format)."""
-    p = Path(path)
-    if not p.is_file():
-        raise EvalError(f"{path}: no such file")
-    out = []
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise EvalError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        turns = r.get("turns") if isinstance(r, dict) else None
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise EvalError(f"{path}:{n}: expected a record with a non-empty 'turns' list of strings")
-        out.append(Prompt(str(r.get("question_id", n - 1)), r.get("category") or default_category, turns))
-        if limit and len(out) >= limit:
-            break
-    if not out:
-        raise EvalError(f"{path}: no prompts")
-    return out
+    return read_turns(path, limit, default_category, error=EvalError)
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:

@@ -16,7 +16,6 @@ and at the end; ``--keep best`` exports the weights of the step whose measured t
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..config.train_config import TrainError
+from ..data.turns import load_turns_file
 
 CHAIN_STEPS = 3  # the chain docs/benchmarks.md's chain tau figures are measured with
 
@@ -54,29 +54,8 @@ def store_prompts(store, indices: list[int], count: int, max_length: int) -> lis
 def file_prompts(path: str, tokenizer, count: int) -> list[torch.Tensor]:
     """Prompt ids [1, L] of the first turns of the first ``count`` records of a JSONL file of
     ``{"turns": [...]}`` records, under the tokenizer's chat template (as `eagle3 eval` encodes)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TrainError(f"cannot read --eval-prompts {path}: {e}") from None
-    turns = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TrainError(f"--eval-prompts {path}:{n}: not valid JSON ({e.msg})") from None
-        first = rec.get("turns") if isinstance(rec, dict) else None
-        if not isinstance(first, list) or not first or not isinstance(first[0], str):
-            raise TrainError(f"--eval-prompts {path}:{n}: expected a record with a non-empty 'turns' list of "
-                             "strings (the format `eagle3 eval --data` reads)")
-        turns.append(first[0])
-        if len(turns) >= count:
-            break
-    if not turns:
-        raise TrainError(f"--eval-prompts {path} holds no prompts")
-    return [encode(tokenizer, t) for t in turns]
+    records = load_turns_file(path, count, error=lambda msg: TrainError(f"--eval-prompts {msg}"))
+    return [encode(tokenizer, r.turns[0]) for r in records]
 
 
 def encode(tokenizer, text: str) -> torch.Tensor:
