@@ -27,17 +27,12 @@ import torch
 from eagle3cli.evaluate.evaluate import hardware
 from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
 from eagle3cli.data.regenerate import has_bf16_matmul
+from eagle3cli.data.regen_rate import median_seconds
 from eagle3cli.model.target import TargetSpec, load_target
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1000 * sorted(ts)[len(ts) // 2]
+    return 1000 * median_seconds(fn, repeats)
 
 
 def main():

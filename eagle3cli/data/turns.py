@@ -51,3 +51,12 @@ def load_turns_file(path: str | Path, limit: int | None = None, default_category
     if not out:
         raise error(f"{path}: no prompts")
     return out
+
+
+def encode(tokenizer, messages: list[dict]) -> "torch.Tensor":
+    """Token ids of a conversation ready for the assistant's answer (chat template if there is one)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    return tokenizer(text, return_tensors="pt").input_ids

@@ -20,7 +20,7 @@ import torch
 
 from ..core.errors import Eagle3Error
 from ..core.hf_utils import synchronize, text_config
-from ..data.turns import Prompt
+from ..data.turns import Prompt, encode
 from ..data.turns import load_turns_file as read_turns
 
 TASKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "sum")
@@ -105,15 +105,6 @@ def load_task(task: str, data: str | None = None, limit: int | None = None) -> t
         if limit and len(out) >= limit:
             break
     return task, out
-
-
-def encode(tokenizer, messages: list[dict]) -> torch.Tensor:
-    """Token ids of a conversation ready for the assistant's answer (chat template if there is one)."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-    return tokenizer(text, return_tensors="pt").input_ids
 
 
 # --------------------------------------------------------------------------------------

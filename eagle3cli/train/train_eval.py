@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..config.train_config import TrainError
-from ..data.turns import load_turns_file
+from ..data.turns import encode, load_turns_file
 
 CHAIN_STEPS = 3  # the chain docs/benchmarks.md's chain tau figures are measured with
 
@@ -55,17 +55,7 @@ def file_prompts(path: str, tokenizer, count: int) -> list[torch.Tensor]:
     """Prompt ids [1, L] of the first turns of the first ``count`` records of a JSONL file of
     ``{"turns": [...]}`` records, under the tokenizer's chat template (as `eagle3 eval` encodes)."""
     records = load_turns_file(path, count, error=lambda msg: TrainError(f"--eval-prompts {msg}"))
-    return [encode(tokenizer, r.turns[0]) for r in records]
-
-
-def encode(tokenizer, text: str) -> torch.Tensor:
-    """One user turn ready for the assistant's answer: the chat template's generation prompt if
-    the tokenizer has a template, else the text and a blank line (as `eagle3 eval` encodes)."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    return tokenizer(text + "\n\n", return_tensors="pt").input_ids
+    return [encode(tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in records]
 
 
 def measured_tau(target, draft, prompts: list[torch.Tensor], new_tokens: int, eos_token_id=None) -> Measured:
