@@ -90,22 +90,26 @@ def test_a_budget_below_the_minimum_is_refused_with_the_minimum():
         make_plan(FAST, PlanFlags(budget_min=minimum - 1))
 
 
-def test_training_is_cut_when_the_data_took_longer_than_planned():
-    """After gen-data the steps are re-fitted to the time left: the plan's when on time, fewer when
-    late (never below MIN_STEPS), and --steps as given is kept."""
-    from eagle3cli.workflows.plan import steps_left_for
+def test_each_stage_is_limited_to_the_time_left_for_it():
+    """gen-data gets its planned time with slack; training the time left before the planned eval
+    and export, however late gen-data ended (but never less than MIN_STEPS need); eval what is left
+    before the export. On time, the three end at END_SHARE of the budget."""
+    from eagle3cli.workflows.plan import END_SHARE, GEN_DATA_SLACK, per_step_seconds, stage_minutes
 
     f = PlanFlags(budget_min=20)
     p = make_plan(FAST, f)
+    assert stage_minutes(FAST, f, p, "gen-data", 0) == pytest.approx(p.seconds["gen-data"] * GEN_DATA_SLACK / 60)
     on_time = p.seconds["measure"] + p.seconds["gen-data"]
-    assert steps_left_for(FAST, f, p, on_time) == p.steps
-    late = steps_left_for(FAST, f, p, on_time + 120)
-    assert MIN_STEPS <= late < p.steps
-    # the steps cut are those the two minutes would have paid for, give or take one
-    cut_s = train_seconds(p.steps, p.warmup_steps, FAST.step_s, FAST.warmup_step_s) - \
-        train_seconds(late, int(late * 0.25), FAST.step_s, FAST.warmup_step_s)
-    slack = 20 * 60 * 0.92 - p.total_s  # the plan's own room left over
-    assert 120 - slack <= cut_s <= 120 + 2 * FAST.step_s
-    assert steps_left_for(FAST, f, p, 20 * 60) == MIN_STEPS
-    given = PlanFlags(budget_min=20, steps=p.steps)
-    assert steps_left_for(FAST, given, make_plan(FAST, given), on_time + 600) == p.steps
+    train = stage_minutes(FAST, f, p, "train", on_time)
+    end = 20 * 60 * END_SHARE
+    assert on_time + train * 60 + p.seconds["eval"] + p.seconds["export"] == pytest.approx(end)
+    assert train * 60 >= p.seconds["train"]  # the plan's steps fit (the plan fills less than END_SHARE)
+    late = stage_minutes(FAST, f, p, "train", on_time + 120)
+    assert late == pytest.approx(train - 2)  # two minutes late: two minutes less training
+    full_s, warm_s = per_step_seconds(FAST, f, online=not p.regenerate)
+    least = stage_minutes(FAST, f, p, "train", 20 * 60)  # no time left: still MIN_STEPS steps
+    fixed = p.seconds["train"] - train_seconds(p.steps, p.warmup_steps, full_s, warm_s)
+    assert least * 60 == pytest.approx(fixed + train_seconds(MIN_STEPS, MIN_STEPS // 4, full_s, warm_s))
+    after_train = on_time + train * 60
+    assert stage_minutes(FAST, f, p, "eval", after_train) * 60 == pytest.approx(p.seconds["eval"])
+    assert stage_minutes(FAST, f, p, "eval", 20 * 60) == 0.5  # the first prompt runs regardless

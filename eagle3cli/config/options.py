@@ -164,6 +164,10 @@ class GenDataOptions(TargetOptions):
                                                   "2,15,27.", cli_type=str, parse=_layer_ids)
     max_length: int = option(2048, "Truncate conversations to this many tokens (counted).")
     shard_size: int = option(128, "Conversations per shard file.")
+    max_minutes: float | None = option(None, "Stop starting shards that would not finish within this many minutes "
+                                             "of the start (judged by the shards done): the store keeps every "
+                                             "finished shard and stays incomplete; rerun to finish it, or train on "
+                                             "it with --allow-incomplete.")
     shard: str | None = option(None, "Process only part i of n (e.g. 0/4), for manual multi-node splits; "
                                      "accelerate launch splits by rank by itself.")
     feature_dtype: str = option("bfloat16", "bfloat16|float16 for stored features.")
@@ -220,6 +224,9 @@ class EvalOptions(TargetOptions):
     data: str | None = option(None, "Local turns file (JSONL with 'turns') for the task.")
     out: Path = option(Path("eval_out"), "Folder for results.json and results.png.", short="-o")
     limit: int | None = option(None, "Evaluate only the first N prompts of each task.")
+    max_minutes: float | None = option(None, "Start no prompt that would end past this many minutes from the "
+                                             "start (judged by the prompts measured; at least one is): the "
+                                             "results cover the prompts done and say where they stopped.")
     max_new_tokens: int = option(512, "")
     temperature: float = option(0.0, "0 = greedy (checked token for token).")
     top_p: float = option(1.0, "")
@@ -263,6 +270,8 @@ class EvalOptions(TargetOptions):
             raise OptionError("--temperature must be >= 0 and --top-p in (0, 1]")
         if self.max_new_tokens < 1 or self.steps < 1:
             raise OptionError("--max-new-tokens and --steps must be at least 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise OptionError(f"--max-minutes must be a positive number of minutes, got {self.max_minutes}")
         if self.fast not in ("auto", "on", "off"):
             raise OptionError(f"--fast must be auto, on or off, got {self.fast!r}")
         if self.draft_weights not in ("auto", "full", "int8", "int4"):

@@ -36,7 +36,7 @@ FAMILIES = {
 META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
-                  "val_fraction", "feature_noise", "accept_loss")
+                  "val_fraction", "feature_noise", "accept_loss", "max_minutes")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
@@ -120,9 +120,13 @@ class TrainConfig(TargetOptions):
     grad_accum: int = _f(1, "Micro-batches per optimizer step.")
     epochs: int = _f(3, "Passes over the training split.")
     max_steps: int = _f(0, "Stop after this many optimizer steps (0: no limit; the schedule spans it).")
+    max_minutes: float = _f(0.0, "End the run within this many minutes of its start (0: no limit): once steps "
+                                 "are timed, the step count (at most what --epochs/--max-steps give) is refitted "
+                                 "to the time left and the LR schedule spans it; the last validation and the "
+                                 "export are reserved for.")
     mixed_precision: str = _f("auto", "bf16: compute under bf16 autocast (fp32 master weights and teacher); no: "
-                                      "fp32. auto: bf16 on a GPU, fp32 on a CPU (bf16 there: 1.14x the tokens/s "
-                                      "with AMX-BF16, but more resident memory: docs/benchmarks.md).")
+                                      "fp32. auto: bf16 on a GPU and on a CPU with AMX or AVX512-BF16 (1.6x fp32's "
+                                      "tokens per CPU-second there: docs/benchmarks.md), fp32 on other CPUs.")
     max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
     seed: int = _f(0, "Seed for initialisation, split and batch order.")
     val_fraction: float = _f(0.02, "Share of conversations held out and evaluated each epoch.")
@@ -173,6 +177,8 @@ class TrainConfig(TargetOptions):
         if self.feature_noise < 0:
             raise TrainError(f"--feature-noise must be 0 or more (a share of each stream's RMS), got "
                              f"{self.feature_noise:g}")
+        if self.max_minutes < 0:
+            raise TrainError(f"--max-minutes must be 0 (no limit) or more, got {self.max_minutes:g}")
         if self.ttt_warmup < 0:
             raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
         if self.loss_on not in LOSS_ON:

@@ -40,6 +40,7 @@ from .features import aggregate  # noqa: F401  (the store's contract lives in fe
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from .sources import Conversation, images_of, load_conversations, with_system
 from ..core.progress import LogProgress
+from ..core.time_limit import TimeLimit, now
 
 REGEN_DIR = "regenerated"
 BYTES_PER_VALUE = 2  # bf16 / fp16 features
@@ -326,6 +327,8 @@ class Pipeline:
         self.model = None
         self.endpoint = None
         self.vllm = None  # vllm_engine.VllmCapture with --engine vllm
+        self.clock = TimeLimit(opts.max_minutes)  # --max-minutes, from the command's start
+        self.stopped_early = False
 
     # -- setup
 
@@ -719,6 +722,16 @@ class Pipeline:
                                     f"{share:.2f} of one measured {o.batch_size}-slot decode step in {dtype}, "
                                     f"{bound:,.0f} tokens/s)"), highlight=False, markup=False)
 
+    def say_stopped(self, finished: int, todo: int):
+        """--max-minutes reached before the next shard: say what is kept and how to go on."""
+        self.stopped_early = True
+        rate = self.clock.rate() or 0.0
+        self.console.print(f"time limit ({self.clock.describe()}): stopped after {finished} of the {todo} shards "
+                           f"this run had to do (the next would need ~{rate * self.opts.shard_size / 60:.1f} min "
+                           f"at {rate:.1f} s a conversation, {max(0.0, self.clock.left()) / 60:.1f} min are left); "
+                           "the finished shards are kept and the store is incomplete: run the same command again "
+                           "to finish it, or train on it with --allow-incomplete", highlight=False, markup=False)
+
     def _loop(self, todo: list[int], n_mine: int, done: dict, base: dict, n_shards: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
@@ -752,10 +765,15 @@ class Pipeline:
 
             for s in todo:
                 convs = self.convs[s * size:(s + 1) * size]
+                if not self.clock.fits(len(convs)):
+                    self.say_stopped(todo.index(s), len(todo))
+                    break
+                shard_t0 = now()
                 try:
                     stats = self.process_shard(s, convs, status)
                 except (EndpointError, VllmEngineError) as e:
                     raise GenDataError(f"{e} (finished shards are kept; rerun the same command to resume)") from None
+                self.clock.record(now() - shard_t0, len(convs))
                 rate["conv"] += len(convs)
                 rate["tok"] += stats["num_tokens"]
                 self.shard_base += len(convs)
@@ -777,6 +795,8 @@ def check_generation_options(o: GenDataOptions):
         raise GenDataError(f"--temperature must be 0 (greedy) or positive, got {o.temperature}")
     if not 0 < o.top_p <= 1:
         raise GenDataError(f"--top-p must lie in (0, 1], got {o.top_p}")
+    if o.max_minutes is not None and not o.max_minutes > 0:
+        raise GenDataError(f"--max-minutes must be a positive number of minutes, got {o.max_minutes}")
 
 
 def check_engine_options(o: GenDataOptions, spec):

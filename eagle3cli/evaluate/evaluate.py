@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import Eagle3Error
+from ..core.time_limit import TimeLimit, now
 from ..core.hf_utils import synchronize, text_config
 from ..data.turns import Prompt, encode
 from ..data.turns import load_turns_file as read_turns
@@ -273,6 +274,7 @@ class EvalConfig:
     warmup_tokens: int = 32
     fast: str = "auto"  # auto | on | off: verify (and decode the plain baseline) through fast_target
     draft_weights: str = "auto"  # auto | full | int8 | int4: the drafter's matmul weights (fast_draft.weights_for)
+    max_minutes: float | None = None  # start no prompt that would end later (core.time_limit)
 
     @classmethod
     def from_options(cls, opts) -> "EvalConfig":
@@ -282,7 +284,7 @@ class EvalConfig:
                    temperature=opts.temperature, top_p=opts.top_p, sampling_top_k=opts.sampling_top_k,
                    mode=opts.mode, total_tokens=total, depth=depth, top_k=top_k, steps=opts.steps,
                    tree_auto=auto, prompt_lookup=opts.baseline == "prompt-lookup", seed=opts.seed, fast=opts.fast,
-                   draft_weights=opts.draft_weights)
+                   draft_weights=opts.draft_weights, max_minutes=opts.max_minutes)
 
 
 # baseline_hf: HF generate; baseline_fast: plain greedy on the fast path (same forward as the
@@ -494,6 +496,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     from ..decode.generator import as_drafter, greedy_generate
 
     check_supported(target.config)
+    clock = TimeLimit(cfg.max_minutes)  # from here: warm-up and tree calibration count too
     dev = next(target.parameters()).device
     settings = SpecSettings(mode=cfg.mode, total_tokens=cfg.total_tokens, depth=cfg.depth, top_k=cfg.top_k,
                             steps=cfg.steps, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -571,10 +574,16 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
             f"(expected tau {auto['tau']:.2f})")
 
-    results, categories = {}, {}
+    results, categories, cut = {}, {}, {}
     for task, prompts in loaded:
         stats = TaskStats()
-        for p in prompts:
+        for n, p in enumerate(prompts):
+            if not clock.fits(1):  # the prompts so far say the next would end past --max-minutes
+                cut[task] = [n, len(prompts)]
+                log(f"time limit ({clock.describe()}): {task}: {n} of {len(prompts)} prompts measured "
+                    f"({clock.rate():.0f} s a prompt, {max(0.0, clock.left()):.0f} s left)")
+                break
+            started = now()
             cat = categories.setdefault((task, p.category or task), TaskStats())
             messages, ok = [], True
             for turn_no, turn in enumerate(p.turns):
@@ -631,6 +640,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
             if ok:
                 stats.num_prompts += 1
                 cat.num_prompts += 1
+            clock.record(now() - started)
             if progress:
                 progress()
         if exact and stats.fast_differs_from_hf:
@@ -664,6 +674,8 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         "lossless_reference": "fast plain decoding" if exact else "hf generate",
         "tasks": results,
         "per_category": per_category,
+        # --max-minutes ended a task early: task -> [prompts measured, prompts in the task]
+        "time_limit": {"minutes": cfg.max_minutes, "prompts": cut} if cut else None,
     }
 
 

@@ -226,6 +226,14 @@ class LiveView:
             eta = f"  eta {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
             self.progress.console.print(f"step {step}/{self.total}  {info}{eta}", highlight=False)
 
+    def set_total(self, total: int):
+        """The run's step count changed (train --max-minutes refits it to the time left)."""
+        self.total = total
+        if self.progress is not None:
+            self.progress.update(self.task, total=total)
+        if self.log is not None:
+            self.log.total = total
+
     def tick(self, step: int, tokens: int):
         """One optimizer step done (``tokens``: its training tokens): time the phase it belongs to
         and, once MEASURED_STEPS are timed, say once how long the phase's remaining steps take."""

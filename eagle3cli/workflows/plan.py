@@ -221,21 +221,27 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     return plan
 
 
-def steps_left_for(m: Measurements, f: PlanFlags, plan: Plan, elapsed_s: float) -> int:
-    """The training steps that still fit once gen-data is done ``elapsed_s`` into the run: the
-    plan's, or fewer when the data took longer than planned (a machine that got busier), so that
-    training, eval and export still end within the budget; never below MIN_STEPS (nor above the
-    plan's: data sized for them is all there is). A pure function, as make_plan."""
-    if f.steps is not None:
-        return plan.steps
+# The stages run against the clock (core.time_limit): gen-data may take this much longer than its
+# plan before it stops starting shards, training then fits its steps to the time left, and eval its
+# prompts; together they aim to end at this share of the budget (the last prompt may run past it).
+GEN_DATA_SLACK = 1.25
+END_SHARE = 0.96
+
+
+def stage_minutes(m: Measurements, f: PlanFlags, plan: Plan, stage: str, elapsed_s: float) -> float:
+    """The time limit (minutes) of ``stage`` starting ``elapsed_s`` into the run: gen-data gets its
+    planned time with slack; train the time left before the eval and export the plan holds, but
+    never less than MIN_STEPS steps need; eval what is left before the export, half a minute at
+    least (its first prompt always runs). A pure function, as make_plan."""
+    if stage == "gen-data":
+        return plan.seconds["gen-data"] * GEN_DATA_SLACK / 60
+    end = f.budget_min * 60 * END_SHARE - elapsed_s - plan.seconds["export"]
+    if stage == "eval":
+        return max(0.5, end / 60)
     full_s, warm_s = per_step_seconds(m, f, online=not plan.regenerate)
-    after = plan.seconds["eval"] + plan.seconds["export"]
     train_fixed = plan.seconds["train"] - train_seconds(plan.steps, plan.warmup_steps, full_s, warm_s)
-    room = f.budget_min * 60 * USE_OF_BUDGET - elapsed_s - after - train_fixed
-    steps = plan.steps
-    while steps > MIN_STEPS and train_seconds(steps, int(steps * f.ttt_warmup_share), full_s, warm_s) > room:
-        steps -= 1
-    return steps
+    least = train_fixed + train_seconds(MIN_STEPS, int(MIN_STEPS * f.ttt_warmup_share), full_s, warm_s)
+    return max(least, end - plan.seconds["eval"]) / 60
 
 
 def measurement_lines(m: Measurements) -> list[str]:

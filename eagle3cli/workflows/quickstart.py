@@ -4,7 +4,10 @@ Each stage writes into its own folder under ``out`` and is skipped or resumed wh
 finds it done, so an interrupted quickstart picks up where it stopped. Its size is planned for a
 time budget (``budget`` minutes, ``workflows.plan``): it measures this machine in its first half
 minute, then chooses the data route, the conversations, the training steps and the eval so that
-the whole run ends within the budget. The plan is kept in ``out/plan.json``, so a rerun resumes
+the whole run ends within the budget. The plan is an estimate; the budget is held by the stages
+themselves, each run against the clock (``core.time_limit``): gen-data stops starting shards past
+its planned time with some slack, training refits its step count to the time left once its steps
+are timed, and eval measures as many prompts as the time left holds. The plan is kept in ``out/plan.json``, so a rerun resumes
 the same run; ``samples``, ``steps``, ``regenerate`` and ``eval_prompts`` override it.
 """
 
@@ -97,7 +100,7 @@ def _prompts(opts: QuickstartOptions, log) -> Path:
     return write_sharegpt_subset(path, opts.samples, seed=opts.seed)
 
 
-def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log) -> Path:
+def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log, minutes: float | None = None) -> Path:
     from ..data.gen_data import GenDataOptions, run
     from ..model.target import TargetSpec
 
@@ -106,14 +109,22 @@ def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log) -> Path:
                                       " (tokens only: the target runs during training, --online)"))
     # Without regeneration each conversation is trained on once, so its features are computed in
     # the training step (online) rather than written to disk and read back once.
+    # Four shards at least, so that the time limit can stop between them; 32 conversations at least,
+    # so that continuous batching keeps its 32 slots busy.
+    shard = min(100, max(32, -(-opts.samples // 4)))
     run(GenDataOptions(out=out, data=str(prompts), regenerate=opts.regenerate, max_new_tokens=opts.max_new_tokens,
-                       max_length=opts.max_length, seed=opts.seed, batch_size=32, shard_size=100,
-                       features="offline" if opts.regenerate else "none"),
+                       max_length=opts.max_length, seed=opts.seed, batch_size=32, shard_size=shard,
+                       features="offline" if opts.regenerate else "none", max_minutes=minutes),
         TargetSpec(model=model))
     return out
 
 
-def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
+# With a time limit the planned steps are an estimate: training may run up to this many times as
+# many when the machine turns out faster than measured (more passes over the same data).
+STEP_CAP = 2
+
+
+def _train(opts: QuickstartOptions, model: str, data: Path, log, minutes: float | None = None) -> Path:
     from ..config.train_config import resolve
     from ..train.trainer import checkpoint_dirs, train
 
@@ -122,7 +133,8 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
         log(f"[4/6] train: {out} already holds the trained draft")
         return out
     resume = bool(out.exists() and checkpoint_dirs(out))
-    log(f"[4/6] train -> {out}" + (" (resuming)" if resume else ""))
+    log(f"[4/6] train -> {out}" + (" (resuming)" if resume else "")
+        + (f" within {minutes:.1f} min (the steps are fitted to it once timed)" if minutes else ""))
     # Held out: 5% of the conversations, at most 40 (online, each held-out token costs a target forward).
     val_fraction = min(0.05, 40 / max(1, opts.samples))
     flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
@@ -130,6 +142,8 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log) -> Path:
                  max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume, val_fraction=val_fraction,
                  eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
                  accept_loss=opts.accept_loss, ttt_warmup=int(opts.steps * opts.ttt_warmup_share))
+    if minutes:  # a store that gen-data's limit stopped early is trained as it is
+        flags.update(max_minutes=minutes, max_steps=opts.steps * STEP_CAP, allow_incomplete=True)
     cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
     train(cfg, recipe)
     return out
@@ -141,7 +155,7 @@ def _model_type(model: str) -> str | None:
     return getattr(text_config(load_config(TargetSpec(model=model))), "model_type", None)
 
 
-def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
+def _eval(opts: QuickstartOptions, model: str, draft: Path, log, minutes: float | None = None) -> dict:
     from ..evaluate.evaluate import EvalConfig, evaluate_spec, write_results
     from ..publish.export import load_draft
     from ..config.options import parse_tree
@@ -151,19 +165,22 @@ def _eval(opts: QuickstartOptions, model: str, draft: Path, log) -> dict:
     if (out / "results.json").exists():
         log(f"[5/6] eval: reusing {out / 'results.json'}")
         return json.loads((out / "results.json").read_text())
-    log(f"[5/6] eval: {opts.eval_prompts} mt_bench prompts, plain vs speculative decoding")
+    # With a time limit the planned prompts are an estimate too: as many more as the time allows.
+    prompts = opts.eval_prompts * (STEP_CAP if minutes else 1)
+    log(f"[5/6] eval: {f'up to {prompts}' if minutes else prompts} mt_bench prompts, plain vs speculative "
+        f"decoding" + (f", within {minutes:.1f} min" if minutes else ""))
     spec = TargetSpec(model=model)
     tok = load_tokenizer(spec)
     auto, total, depth, top_k = parse_tree(opts.tree)
-    cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=opts.eval_prompts,
+    cfg = EvalConfig(tasks=["mt_bench"], data=str(bundled_prompts()), limit=prompts,
                      max_new_tokens=opts.eval_tokens, mode="tree", total_tokens=total, depth=depth, top_k=top_k,
-                     tree_auto=auto)
+                     tree_auto=auto, max_minutes=minutes)
     from rich.progress import Progress
 
     from ..core.progress import LogProgress
 
-    with Progress(transient=True) as bar, LogProgress("eval", opts.eval_prompts, "prompts", bar.console) as lines:
-        job = bar.add_task("eval (plain + speculative)", total=opts.eval_prompts)
+    with Progress(transient=True) as bar, LogProgress("eval", prompts, "prompts", bar.console) as lines:
+        job = bar.add_task("eval (plain + speculative)", total=prompts)
 
         def advance():
             bar.advance(job)
@@ -267,21 +284,18 @@ def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: b
     return planned
 
 
-def _resize_training(opts: QuickstartOptions, planned: dict, elapsed: float, log):
-    """After gen-data: fewer training steps when the data took longer than planned, so that the
-    run still ends within the budget (plan.steps_left_for). Not on a resumed training run: its
-    checkpoints were made for the steps it started with."""
-    from .plan import Measurements, Plan, PlanFlags, steps_left_for
+def _minutes(planned: dict | None, stage: str, started: float) -> float | None:
+    """The stage's time limit (plan.stage_minutes); None where the user fixed its size (--samples
+    and --steps both, --steps for training, --eval-prompts for eval)."""
+    from .plan import Measurements, Plan, PlanFlags, stage_minutes
 
-    if (opts.out / "draft").exists():
-        return
+    given = {"train": "steps", "eval": "eval_prompts"}
+    if planned is None or (stage in given and planned["flags"].get(given[stage]) is not None):
+        return None
     p = planned["plan"]
     plan = Plan(p["regenerate"], p["conversations"], p["steps"], p["warmup_steps"], p["eval_prompts"], p["seconds"])
-    steps = steps_left_for(Measurements(**planned["measurements"]), PlanFlags(**planned["flags"]), plan, elapsed)
-    if steps < opts.steps:
-        log(f"plan: gen-data ended {elapsed - p['seconds']['measure'] - p['seconds']['gen-data']:.0f} s later than "
-            f"planned: {steps} training steps instead of {opts.steps}, to end within the budget")
-        opts.steps = steps
+    return stage_minutes(Measurements(**planned["measurements"]), PlanFlags(**planned["flags"]), plan, stage,
+                         time.perf_counter() - started)
 
 
 def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> QuickstartResult:
@@ -306,13 +320,11 @@ def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> Quicksta
     if plan_only:
         return QuickstartResult(model=model, draft=None, hub_folder=None, results={}, seconds=seconds, plan=planned)
     prompts = _prompts(opts, log)
-    data = _gen_data(opts, model, prompts, log)
+    data = _gen_data(opts, model, prompts, log, _minutes(planned, "gen-data", started))
     lap("gen-data")
-    if planned is not None:
-        _resize_training(opts, planned, time.perf_counter() - started, log)
-    draft = _train(opts, model, data, log)
+    draft = _train(opts, model, data, log, _minutes(planned, "train", started))
     lap("train")
-    results = _eval(opts, model, draft, log)
+    results = _eval(opts, model, draft, log, _minutes(planned, "eval", started))
     lap("eval")
     hub = _export(opts, base_model, draft, log)
     lap("export")

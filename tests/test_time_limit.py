@@ -1,0 +1,171 @@
+"""--max-minutes: gen-data, train and eval end within their time, judged by the work they timed,
+and keep what they finished. A fake clock that only the work itself advances makes the stopping
+points exact."""
+
+import json
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3cli.cli import app
+from eagle3cli.core import time_limit
+from eagle3cli.core.time_limit import TimeLimit
+from eagle3cli.data.gen_data import GenDataOptions, run
+from eagle3cli.model.target import TargetSpec
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(time_limit, "time", types.SimpleNamespace(perf_counter=c))
+    return c
+
+
+def test_a_limit_passes_work_that_ends_in_time_at_the_rate_so_far(clock):
+    lim = TimeLimit(1.0)  # 60 s from now
+    assert lim.fits(100)  # nothing timed yet: the first unit always runs
+    clock.now += 20
+    lim.record(20, work=4)  # 5 s a unit
+    assert lim.left() == 40 and lim.rate() == 5
+    assert lim.fits(8) and not lim.fits(9)
+    assert lim.fits(6, reserve=10) and not lim.fits(7, reserve=10)
+    assert TimeLimit(None).fits(10 ** 9) and TimeLimit(0).left() == float("inf")
+
+
+# ---- gen-data ---------------------------------------------------------------------------------
+
+def _chats(path, n):
+    rows = [{"id": str(i), "conversations": [{"from": "human", "value": f"What is {i} plus {i}?"},
+                                             {"from": "gpt", "value": f"It is {2 * i}."}]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gen_data_stops_between_shards_and_a_rerun_finishes_the_same_store(smol_tiny_dir, tmp_path, clock,
+                                                                          monkeypatch):
+    """12 conversations in shards of 3, each conversation taking 10 s on the fake clock: with one
+    minute, two shards fit (the third would end at 90 s); the store keeps them and is incomplete.
+    The same command without the limit then finishes it, byte for byte the store an uninterrupted
+    run writes."""
+    from rich.console import Console
+
+    from eagle3cli.data import regenerate
+
+    real = regenerate.regenerate_local
+
+    def slow(model, tokenizer, conversations, settings, stop_ids, **kw):
+        clock.now += 10 * len(conversations)
+        return real(model, tokenizer, conversations, settings, stop_ids, **kw)
+
+    monkeypatch.setattr(regenerate, "regenerate_local", slow)
+    data = _chats(tmp_path / "chats.jsonl", 12)
+    spec = TargetSpec(str(smol_tiny_dir), device="cpu")
+
+    def opts(out, **kw):
+        return GenDataOptions(out=out, data=str(data), max_new_tokens=4, max_length=96, shard_size=3, batch_size=4,
+                              **kw)
+
+    log = tmp_path / "log.txt"
+    with log.open("w") as f:
+        man = run(opts(tmp_path / "cut", max_minutes=1), spec, Console(file=f, soft_wrap=True))
+    assert (man["shards_done"], man["shards_planned"], man["complete"], man["num_samples"]) == (2, 4, False, 6)
+    said = [ln for ln in log.read_text().splitlines() if ln.startswith("time limit")]
+    assert said == ["time limit (--max-minutes 1): stopped after 2 of the 4 shards this run had to do (the next would "
+                    "need ~0.5 min at 10.0 s a conversation, 0.0 min are left); the finished shards are kept and the "
+                    "store is incomplete: run the same command again to finish it, or train on it with "
+                    "--allow-incomplete"]
+    quiet = Console(file=open("/dev/null", "w"))
+    man = run(opts(tmp_path / "cut"), spec, quiet)
+    whole = run(opts(tmp_path / "whole"), spec, quiet)
+    assert man["complete"] and man["num_samples"] == whole["num_samples"] == 12
+    shards = sorted((tmp_path / "whole" / "shards").glob("*.json"))
+    assert len(shards) == 4
+    for s in shards:
+        assert json.loads(s.read_text())["sha256"] == \
+            json.loads((tmp_path / "cut" / "shards" / s.name).read_text())["sha256"]
+
+
+# ---- train ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def target_dir(smol_tiny_dir, tmp_path_factory):
+    from test_trainer import peaky_target
+
+    return peaky_target(tmp_path_factory.mktemp("target"), smol_tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, target_dir):
+    from test_trainer import build_store
+
+    return build_store(tmp_path_factory.mktemp("store"), target_dir)
+
+
+@pytest.mark.parametrize("seconds_per_step, steps", [(10, 10), (20, 4)])
+def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_path, clock, monkeypatch,
+                                                       seconds_per_step, steps):
+    """Two minutes, a step taking 10 (or 20) s on the fake clock, and a reserve of 10 s for the
+    export plus half a step per held-out batch (two): from the first timed step the run refits to
+    10 (4) steps, its cosine schedule ends at 0 there, and it exports as a finished run would.
+    Without the limit the same flags run their 40 steps."""
+    from eagle3cli.train.trainer import Trainer, train
+    from test_trainer import config
+
+    real = Trainer._optimizer_step
+
+    def timed_step(self, group):
+        clock.now += seconds_per_step
+        return real(self, group)
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", timed_step)
+    cfg = config(store, target_dir, tmp_path / "d", epochs=20, max_steps=40, max_minutes=2.0)
+    res = train(cfg, quiet=True)
+    assert res.step == steps and res.stopped is None
+    lrs = [h["lr"] for h in res.history if "lr" in h]
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-12)  # the schedule was fitted to the steps run
+    assert (tmp_path / "d" / "model.safetensors").exists() and res.metrics
+    assert clock.now - 1000.0 == steps * seconds_per_step  # every step it started fitted the limit
+    unlimited = train(config(store, target_dir, tmp_path / "u", epochs=20, max_steps=40), quiet=True)
+    assert unlimited.step == 40
+
+
+# ---- eval -------------------------------------------------------------------------------------
+
+def test_eval_measures_the_prompts_the_time_holds(smol_tiny_dir, tmp_path, clock, monkeypatch):
+    """Four one-turn prompts, each 30 s on the fake clock (three timed decodings of 10 s): 90 s
+    hold three; the results cover them, lossless, and say where the task stopped."""
+    from eagle3cli.evaluate import evaluate
+    from test_evaluate import make_draft
+
+    real = evaluate.timed
+
+    def slow(fn, device):
+        clock.now += 10
+        return real(fn, device)
+
+    monkeypatch.setattr(evaluate, "timed", slow)
+    turns = tmp_path / "four.jsonl"
+    turns.write_text("".join(json.dumps({"question_id": i, "turns": [f"Name {i} colours."]}) + "\n" for i in range(4)))
+    draft = make_draft(smol_tiny_dir, tmp_path / "draft")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "four",
+                                 "--data", str(turns), "--out", str(out), "--max-new-tokens", "8", "--mode", "chain",
+                                 "--max-minutes", "1.5"])
+    assert r.exit_code == 0, r.output
+    assert "time limit (--max-minutes 1.5): four: 3 of 4 prompts measured (30 s a prompt, 0 s left)" in r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["time_limit"] == {"minutes": 1.5, "prompts": {"four": [3, 4]}}
+    t = res["tasks"]["four"]
+    assert t["num_prompts"] == 3 and t["lossless"] is True
+    r = CliRunner().invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "four",
+                                 "--data", str(turns), "--out", str(out), "--max-minutes", "0"])
+    assert r.exit_code == 1 and "--max-minutes must be a positive number of minutes, got 0.0" in r.output
