@@ -435,11 +435,17 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
 
 # ---- mixed precision -------------------------------------------------------------------------
 
-def test_mixed_precision_auto_is_bf16_on_a_gpu_and_fp32_on_a_cpu():
+def test_mixed_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16():
+    from eagle3cli.decode.fast_target import cpu_has
     from eagle3cli.train.trainer import mixed_precision
 
-    assert mixed_precision("auto", cpu=True) == "no" and mixed_precision("auto", cpu=False) == "bf16"
-    assert mixed_precision("no", cpu=False) == "no" and mixed_precision("bf16", cpu=True) == "bf16"
+    assert mixed_precision("auto", cpu=True, native_bf16=False) == "no"
+    assert mixed_precision("auto", cpu=True, native_bf16=True) == "bf16"
+    assert mixed_precision("auto", cpu=False) == mixed_precision("auto", cpu=False, native_bf16=False) == "bf16"
+    here = "bf16" if cpu_has("amx_tile") or cpu_has("avx512_bf16") else "no"  # this machine's probe
+    assert mixed_precision("auto", cpu=True) == here
+    assert mixed_precision("no", cpu=False) == "no" and mixed_precision("bf16", cpu=True, native_bf16=False) == "bf16"
+    assert mixed_precision("no", cpu=True, native_bf16=True) == "no"
     with pytest.raises(TrainError, match="--mixed-precision must be one of auto, bf16, no, got 'fp16'"):
         TrainConfig(data="x", mixed_precision="fp16").validate()
 

@@ -39,7 +39,7 @@ from ..engines import engine_support
 from ..core import host_memory
 from ..model import warm_start
 from .batching import collate, make_batches, rank_groups, split_indices
-from . import train_eval
+from . import gemm_padding, train_eval
 from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
 from .optim import make_optimizer
 from ..model.draft import DraftConfig, Eagle3Draft
@@ -140,14 +140,18 @@ class TargetHead(nn.Module):
 
 # ---- the target's parts and the draft ---------------------------------------------------------
 
-def mixed_precision(name: str, cpu: bool) -> str:
-    """--mixed-precision resolved: auto is bf16 on a GPU and fp32 on a CPU. On a CPU with AMX-BF16,
-    bf16 trains 1.14x faster per token for the same loss per step, but oneDNN's bf16 kernels keep
-    resident memory growing through a run (SmolLM2: 2.9 GB fp32 peak against 7.9 GB over 722 steps,
-    docs/benchmarks.md), so it is asked for, not assumed."""
+def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> str:
+    """--mixed-precision resolved: auto is bf16 on a GPU and on a CPU that multiplies bf16 in
+    hardware (AMX or AVX512-BF16: ``native_bf16``, probed when None), fp32 on other CPUs. There
+    fp32 training already runs at 85-100% of the fp32 matmul peak and bf16 autocast gives 1.6x the
+    tokens per CPU-second at the same loss (docs/benchmarks.md); the unroll pads its GEMMs to a few
+    shapes under it (gemm_padding), else oneDNN's per-shape bf16 kernels grow resident memory
+    through a run. Without those instructions bf16 is emulated and slower than fp32."""
     if name != "auto":
         return name
-    return "no" if cpu else "bf16"
+    if not cpu:
+        return "bf16"
+    return "bf16" if (gemm_padding.native_bf16_cpu() if native_bf16 is None else native_bf16) else "no"
 
 
 def accelerator(cfg: TrainConfig, trackers: list[str]):

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..model.target import finish_logits, output_head
+from .gemm_padding import TOKEN_MULTIPLE, cpu_bf16_autocast, pad_unroll_inputs, round_up
 
 # q [B,h,T,d], keys/values: list of [B,kv,T,d] (kv divides h: grouped-query heads, not yet
 # repeated); [0] = step-0 (causal), [1:] = diagonal steps.
@@ -252,10 +253,8 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, probs, prow, row_weight, want_grad: bool, max_elements: int,
-                accept_weight: float = 0.0):
-        n, vocab = h.shape[0], weight.shape[0]
-        chunk = max(1, max_elements // max(1, vocab))
+    def forward(ctx, h, weight, probs, prow, row_weight, want_grad: bool, chunk: int, accept_weight: float = 0.0):
+        n = h.shape[0]
         need_h, need_w = want_grad and ctx.needs_input_grad[0], want_grad and ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -314,17 +313,20 @@ class HeadLoss(NamedTuple):
 
 def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, prow: torch.Tensor,
                             row_weight: torch.Tensor | None = None, max_elements: int = 1 << 24,
-                            accept_weight: float = 0.0) -> HeadLoss:
+                            accept_weight: float = 0.0, row_multiple: int = 1) -> HeadLoss:
     """sum_r w_r softCE(h[r] @ W^T, probs[prow[r]]) (probs [N,V]; w = 1 if not given): see HeadSoftCrossEntropy.
 
     ``accept_weight`` w > 0 trains on (1 - w) softCE + w (-log acceptance) instead (acceptance_mix);
     the returned loss and row losses stay the soft cross-entropy, so runs remain comparable.
+    Chunks of about ``max_elements`` logits, their row count a multiple of ``row_multiple`` (so
+    rows padded to that multiple give GEMMs of few shapes: gemm_padding).
     """
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if row_weight is None:
         row_weight = torch.ones(h.shape[0], dtype=torch.float32, device=h.device)
-    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, max_elements,
-                                                accept_weight))
+    chunk = max(1, max_elements // max(1, weight.shape[0]))
+    chunk = max(row_multiple, chunk // row_multiple * row_multiple)
+    return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, chunk, accept_weight))
 
 
 class TTTOutput(NamedTuple):
@@ -355,6 +357,8 @@ class TTTModel(nn.Module):
         # Steps actually unrolled (a TTT curriculum trains fewer first); the statistics keep
         # ``steps`` entries, the ones not unrolled counted as zero positions.
         self.active: int | None = None
+        # Pad to few GEMM shapes (gemm_padding); None: exactly when under bf16 autocast on a CPU.
+        self.pad_shapes: bool | None = None
 
     def forward(self, input_ids, aux, loss_mask, teacher_probs, teacher_index, teacher_slot=None) -> TTTOutput:
         """Returns a TTTOutput (loss, step_loss [S], correct [S], counted [S]); the last three detached.
@@ -365,7 +369,18 @@ class TTTModel(nn.Module):
         loss = sum_s decay^s * loss_s, loss_s = soft cross-entropy vs the teacher averaged over
         the positions whose predicted token is loss-masked. acc_s = correct_s / counted_s counts
         a position whose target argmax lies outside the draft vocab as a miss.
+
+        Under bf16 autocast on a CPU the positions and the loss rows are padded to a few sizes
+        (gemm_padding: oneDNN keeps a kernel per GEMM shape); the results are the unpadded ones.
         """
+        if teacher_slot is None:  # a [B,T,Vd] teacher: every position's row, named as a Teacher's slot does
+            b, t = loss_mask.shape
+            teacher_probs = teacher_probs.reshape(b * t, -1)
+            teacher_slot = torch.arange(b * t, device=loss_mask.device).view(b, t)
+        pad = cpu_bf16_autocast(input_ids.device) if self.pad_shapes is None else self.pad_shapes
+        if pad:
+            input_ids, aux, loss_mask, teacher_index, teacher_slot = pad_unroll_inputs(
+                input_ids, aux, loss_mask, teacher_index, teacher_slot)
         # Position t at step s predicts token t+2+s from the teacher at position t+1+s.
         steps = min(self.active or self.steps, self.steps)
         where = [shift_left(loss_mask, 2 + s, fill=False).nonzero(as_tuple=True) for s in range(steps)]
@@ -373,13 +388,12 @@ class TTTModel(nn.Module):
         step_of = torch.repeat_interleave(torch.arange(steps, device=loss_mask.device), counted)
         rows = torch.cat([r for r, _ in where])
         cols = torch.cat([c + 1 + s for s, (_, c) in enumerate(where)])  # the teacher's position
-        if teacher_slot is None:
-            teacher_probs = teacher_probs.reshape(-1, teacher_probs.shape[-1])
-            prow = rows * loss_mask.shape[1] + cols
-        else:
-            prow = teacher_slot[rows, cols]
-            if prow.numel() and int(prow.min()) < 0:
-                raise ValueError("the teacher was not computed at a position the loss reads (see ttt.teacher_rows)")
+        prow = teacher_slot[rows, cols]
+        if prow.numel() and int(prow.min()) < 0:
+            raise ValueError("the teacher was not computed at a position the loss reads (see ttt.teacher_rows)")
+        # Padded loss rows: zero inputs, teacher row 0, weight 0 (no loss, no gradient).
+        n = rows.numel()
+        n_rows = round_up(n, TOKEN_MULTIPLE) if pad else n
         # The head's input for the rows of every step, filled step by step in place (no list and
         # concatenation holding it twice); one fused head + loss call then covers all steps.
         h, start = None, 0
@@ -388,13 +402,16 @@ class TTTModel(nn.Module):
             r, c = where[s]
             hs = self.draft.head_input(a[r, c])
             if h is None:
-                h = hs.new_empty(rows.numel(), hs.shape[-1])
+                h = (hs.new_zeros if n_rows > n else hs.new_empty)(n_rows, hs.shape[-1])
             h[start:start + r.numel()] = hs
             start += r.numel()
         decay = torch.tensor([self.decay ** s for s in range(steps)], device=loss_mask.device)
-        row_weight = (decay / counted.clamp_min(1))[step_of]
-        loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs, prow,
-                                                       row_weight, accept_weight=self.accept_weight)
+        row_weight = F.pad((decay / counted.clamp_min(1))[step_of], (0, n_rows - n))
+        loss, row_loss, pred = head_soft_cross_entropy(h, self.draft.lm_head.weight, teacher_probs,
+                                                       F.pad(prow, (0, n_rows - n)), row_weight,
+                                                       accept_weight=self.accept_weight,
+                                                       row_multiple=TOKEN_MULTIPLE if pad else 1)
+        row_loss, pred = row_loss[:n], pred[:n]
         step_loss = torch.zeros(self.steps, device=row_loss.device).index_add_(0, step_of, row_loss)
         hits = (pred == teacher_index[rows, cols]).long()
         correct = torch.zeros(self.steps, dtype=torch.long, device=pred.device).index_add_(0, step_of, hits)
