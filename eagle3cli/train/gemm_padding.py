@@ -3,8 +3,8 @@
 oneDNN builds a bf16 matmul kernel for each new shape it meets and keeps it (with what it
 allocated) for the life of the process, so a run whose micro-batches bring a new token count each
 step grows its resident memory step after step (``benchmarks/bf16_rss.py``: 231 MB -> 1,026 MB
-over 400 row counts; rounded up to multiples of 64 they stay near 450 MB). The fp32 GEMMs the
-CPU default used to run do not. Under bf16 autocast on a CPU the unroll therefore pads:
+over 400 row counts; rounded up to multiples of 64 they stay near 450 MB); fp32 GEMMs barely
+grow (378 MB). Under bf16 autocast on a CPU the unroll therefore pads:
 
 - the micro-batch [B, T] to [B', T']: T' a multiple of LENGTH_MULTIPLE (the attention's per-row
   matmuls see T') and B' x T' a multiple of TOKEN_MULTIPLE (the rows of the fc, attention
@@ -15,9 +15,9 @@ CPU default used to run do not. Under bf16 autocast on a CPU the unroll therefor
 Padded positions lie right of every real position of a row (causal attention never reads them)
 or in rows of their own; they carry no loss mask and their loss rows weigh zero, so losses,
 gradients and metrics are those of the unpadded batch (tests/test_gemm_padding.py). The teacher
-is computed outside autocast, in fp32, so its rows need no padding. 64 rather than 256: on the
-quickstart's 1,024-token micro-batches 256 pads about 31% more tokens, 64 about 10%, and a
-handful of shapes either way.
+is computed outside autocast, in fp32, so its rows need no padding. 64 rather than 256: on
+1,024-token micro-batches of a GSM8K store 256 pads about 31% more tokens, 64 about 10% (3% more
+FLOPs), and a training run's resident memory stays flat either way (docs/benchmarks.md, "Memory").
 """
 
 from __future__ import annotations
