@@ -260,12 +260,15 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
         pred = torch.empty(n, dtype=torch.long, device=h.device)
+        device = h.device.type
+        low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         for i in range(0, n, chunk):
             hc = h[i:i + chunk]
             z = F.linear(hc, weight).float()
             p = probs[prow[i:i + chunk]]
             lse = torch.logsumexp(z, dim=-1)
-            row_loss[i:i + chunk] = lse - torch.linalg.vecdot(p, z)
+            with torch.autocast(device, enabled=False):  # autocast would take <p, z> in bf16 (errors ~1e-2)
+                row_loss[i:i + chunk] = lse - torch.linalg.vecdot(p, z)
             pred[i:i + chunk] = z.argmax(-1)
             if need_h or need_w:
                 q = z.sub_(lse[:, None]).exp_()  # softmax(z), in z's storage
@@ -274,14 +277,19 @@ class HeadSoftCrossEntropy(torch.autograd.Function):
                 else:
                     g = q.sub_(p)  # d softCE / dz
                 g.mul_(row_weight[i:i + chunk, None].to(g.dtype))
+                # Under autocast g is cast once, not by each GEMM (the same values; g.t()'s was a
+                # strided copy); the weight is left to autocast's cast cache.
+                g, w = (g.to(low), weight) if low is not None else (g, weight.to(g.dtype))
                 if need_h:
-                    grad_h[i:i + chunk] = torch.matmul(g, weight.to(g.dtype)).to(h.dtype)
+                    grad_h[i:i + chunk] = torch.matmul(g, w).to(h.dtype)
                 if need_w:
                     grad_w += torch.matmul(g.t(), hc.to(g.dtype)).float()
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(row_loss, pred)
-        return torch.linalg.vecdot(row_loss, row_weight.float()), row_loss, pred
+        with torch.autocast(device, enabled=False):
+            loss = torch.linalg.vecdot(row_loss, row_weight.float())
+        return loss, row_loss, pred
 
     @staticmethod
     def backward(ctx, grad, _grad_row_loss, _grad_pred):
