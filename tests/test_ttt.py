@@ -368,3 +368,26 @@ def test_feature_noise_is_relative_to_each_stream():
     ratio = noise.pow(2).mean((0, 1, 3)).sqrt() / aux.unflatten(-1, (2, 8)).pow(2).mean((0, 1, 3)).sqrt()
     torch.testing.assert_close(ratio, torch.tensor([0.5, 0.5]), atol=0.03, rtol=0)
     assert torch.equal(with_noise(aux, 0.0, streams=2), aux)
+
+
+def test_later_steps_skip_the_positions_no_loss_reads_with_the_same_loss_and_gradients():
+    """Answers after prompts: steps 1.. are computed from the first position a loss reads there
+    (unread_prefix), with the values and gradients of the whole unroll, recomputed or not."""
+    from eagle3cli.train.ttt import unread_prefix
+
+    draft = make_draft()
+    ids, aux, mask, probs, index = random_batch(draft_vocab_ids=draft.d2t, b=4, t=48)
+    mask[:, :25] = False  # prompts
+    mask[1, :30] = False
+    assert unread_prefix(mask, 3) == 25 - 2 - 2 and unread_prefix(mask, 1) == 0
+    assert unread_prefix(mask, 3, padded=True) == 16  # 4 x 32 positions: a grid of gemm_padding's
+    params = [p for p in draft.parameters() if p.requires_grad]
+    for recompute in (False, True):
+        whole = TTTModel(draft, steps=3, recompute=recompute, attention=lambda q, k, v: ttt_attention(q, k, v))
+        windowed = TTTModel(draft, steps=3, recompute=recompute)
+        ref, out = whole(ids, aux, mask, probs, index), windowed(ids, aux, mask, probs, index)
+        torch.testing.assert_close(out.loss, ref.loss, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(out.step_loss, ref.step_loss, atol=1e-6, rtol=1e-6)
+        assert torch.equal(out.correct, ref.correct) and torch.equal(out.counted, ref.counted)
+        for a, r in zip(torch.autograd.grad(out.loss, params), torch.autograd.grad(ref.loss, params)):
+            torch.testing.assert_close(a, r, atol=1e-6, rtol=1e-5)

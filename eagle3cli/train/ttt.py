@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..model.target import finish_logits, output_head
-from .gemm_padding import TOKEN_MULTIPLE, cpu_bf16_autocast, pad_unroll_inputs, round_up
+from .gemm_padding import LENGTH_MULTIPLE, TOKEN_MULTIPLE, cpu_bf16_autocast, pad_unroll_inputs, round_up
 
 # q [B,h,T,d], keys/values: list of [B,kv,T,d] (kv divides h: grouped-query heads, not yet
 # repeated); [0] = step-0 (causal), [1:] = diagonal steps.
@@ -56,8 +56,11 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 23
 
 
 def ttt_attention(q: torch.Tensor, keys: list, values: list,
-                  max_elements: int = ATTENTION_BLOCK_ELEMENTS) -> torch.Tensor:
+                  max_elements: int = ATTENTION_BLOCK_ELEMENTS, offset: int = 0) -> torch.Tensor:
     """Causal attention over the step-0 keys plus the diagonal keys of steps 1..s.
+
+    ``offset``: q and the diagonal keys/values hold positions offset.. only (a step past the
+    first computed where a loss reads it, ttt_streams), the step-0 keys every position.
 
     Computed one block of query rows at a time, each block checkpointed when gradients are on:
     the [B,h,T,T] scores (and the softmax and gradients over them, three or four such tensors)
@@ -75,12 +78,12 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list,
         h = q.shape[1]
         return F.scaled_dot_product_attention(q, repeat_kv(keys[0], h), repeat_kv(values[0], h), is_causal=True)
     b, h, t, _ = q.shape
-    rows = max(1, max_elements // max(1, b * h * t))
+    rows = max(1, max_elements // max(1, b * h * (t + offset)))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, *keys, *values))
     out = []
     for i in range(0, t, rows):
         blk = slice(i, i + rows)
-        args = (i, q[..., blk, :], keys[0], values[0], [k[..., blk, :] for k in keys[1:]],
+        args = (offset + i, q[..., blk, :], keys[0], values[0], [k[..., blk, :] for k in keys[1:]],
                 [v[..., blk, :] for v in values[1:]])
         if grad and t > rows:
             out.append(checkpoint(_attention_rows, *args, use_reentrant=False, preserve_rng_state=False))
@@ -107,8 +110,14 @@ def _attention_rows(start: int, q, k0, v0, diag_k: list, diag_v: list) -> torch.
 
 
 def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
-                attention: Attention = ttt_attention, recompute: bool = True) -> Iterator[torch.Tensor]:
+                attention: Attention = ttt_attention, recompute: bool = True,
+                window: int = 0) -> Iterator[torch.Tensor]:
     """Yield the draft's output stream a^s [B,T,H] for s = 0..steps-1.
+
+    ``window`` > 0: steps 1.. are computed at positions window.. only (a^s is [B,T-window,H]
+    there), the positions before it read by no loss at those steps (TTTModel): a position of a
+    later step reads only its own earlier steps and the step-0 keys, so dropping positions
+    nothing reads changes no value. ``attention`` then takes ``offset`` (ttt_attention does).
 
     With ``recompute`` (and gradients on), each step's layer is checkpointed: the backward keeps
     only its inputs and outputs (the token ids, the streams, this step's keys and values) and
@@ -128,16 +137,20 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
     def one_step(s: int, tokens, hidden, *past):
         # The frozen embedding is looked up in here: a checkpointed step then keeps the token ids,
         # not a [B,T,H] copy of their embeddings per step.
+        lo = window if s else 0
         emb = draft.embed_tokens(tokens).to(hidden.dtype)
         x = layer.attn_input(emb, hidden)
-        cos, sin = draft.rotary(positions + s, x.dtype)
+        cos, sin = draft.rotary(positions[:, lo:] + s, x.dtype)
         q, k, v = attn.qkv(x, cos, sin)  # k, v at the KV head count: repeated inside the attention
         n = len(past) // 2
-        out = attention(q, [*past[:n], k], [*past[n:], v])
+        extra = {"offset": lo} if lo else {}
+        out = attention(q, [*past[:n], k], [*past[n:], v], **extra)
         return draft.output(layer.finish(attn.out(out), hidden)), k, v  # norm(a) with norm_output
 
     for s in range(steps):
-        tokens = shift_left(input_ids, 1 + s)
+        tokens = shift_left(input_ids, 1 + s)[:, window if s else 0:]
+        if s == 1 and window:
+            hidden = hidden[:, window:]
         if recompute and torch.is_grad_enabled():
             a, k, v = checkpoint(one_step, s, tokens, hidden, *keys, *values, use_reentrant=False,
                                  preserve_rng_state=False)
@@ -337,6 +350,23 @@ def head_soft_cross_entropy(h: torch.Tensor, weight: torch.Tensor, probs: torch.
     return HeadLoss(*HeadSoftCrossEntropy.apply(h, weight, probs, prow, row_weight, want_grad, chunk, accept_weight))
 
 
+def unread_prefix(loss_mask: torch.Tensor, steps: int, padded: bool = False) -> int:
+    """How many leading positions of every row no loss reads at steps 1..steps-1 (step s at t is
+    read where mask[t+2+s]): those steps skip them (ttt_streams' window). Answers follow their
+    prompts, so this is about the shortest prompt of the micro-batch (30% of a GSM8K store's
+    positions at 1,024-token micro-batches). ``padded``: rounded down to keep the window's grid
+    one of gemm_padding's (lengths of LENGTH_MULTIPLE, TOKEN_MULTIPLE tokens)."""
+    b, t = loss_mask.shape
+    read = torch.zeros(t, dtype=torch.bool, device=loss_mask.device)
+    for s in range(1, steps):
+        read |= shift_left(loss_mask, 2 + s, fill=False).any(0)
+    hit = read.nonzero()
+    first = int(hit[0]) if hit.numel() else 0
+    while padded and first and ((t - first) % LENGTH_MULTIPLE or b * (t - first) % TOKEN_MULTIPLE):
+        first -= 1
+    return first
+
+
 class TTTOutput(NamedTuple):
     """What one unroll returns: the loss to back-propagate and per-step statistics [S] (detached)."""
 
@@ -405,10 +435,11 @@ class TTTModel(nn.Module):
         # The head's input for the rows of every step, filled step by step in place (no list and
         # concatenation holding it twice); one fused head + loss call then covers all steps.
         h, start = None, 0
-        streams = ttt_streams(self.draft, input_ids, aux, steps, self.attention, self.recompute)
+        window = unread_prefix(loss_mask, steps, pad) if self.attention is ttt_attention else 0
+        streams = ttt_streams(self.draft, input_ids, aux, steps, self.attention, self.recompute, window)
         for s, a in enumerate(streams):
             r, c = where[s]
-            hs = self.draft.head_input(a[r, c])
+            hs = self.draft.head_input(a[r, c - window if s else c])
             if h is None:
                 h = (hs.new_zeros if n_rows > n else hs.new_empty)(n_rows, hs.shape[-1])
             h[start:start + r.numel()] = hs
