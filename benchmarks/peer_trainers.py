@@ -1,8 +1,8 @@
 """eagle3's trainer against speculators' and SpecForge's on the same feature store and budget.
 
-    bash benchmarks/setup_peers.sh /tmp/peers/venv            # the peers' own venv (CPU torch)
-    python benchmarks/peer_trainers.py --peers-python /tmp/peers/venv/bin/python \\
-        --data STORE --work /tmp/peers/runs                      # (no --data: builds a GSM8K store)
+    bash benchmarks/setup_peers.sh                      # the peers' own venv (~/venvs/peers, CPU torch)
+    python benchmarks/peer_trainers.py --data STORE --work runs/peers   # no --data: builds a GSM8K store
+    python benchmarks/peer_trainers.py --work runs/peers --ablate --ablate-lr 1e-3
 
 Every tool trains a one-layer EAGLE-3 draft of the store's target for the same number of optimizer
 steps of the same token budget (--steps x --tokens: eagle3's --max-tokens of padded tokens, the
@@ -10,8 +10,10 @@ packed sequence length of speculators, the padded batch of SpecForge), TTT --ttt
 draft vocabulary (the --draft-vocab eagle3 picks from the store, handed to the peers as d2t/t2d),
 AdamW, one thread each, on the training split eagle3 uses (its held-out split is left out of
 everyone's data). The peers compute in fp32 (their autocast is for GPUs); eagle3 runs in its CPU
-default (bf16 autocast where the CPU has native bf16) and in fp32. Each tool keeps its own loss, step weights, norms, schedule and batching; the
-learning rate is ours (1e-4) and, where the tool recommends another, that one too.
+default (bf16 autocast where the CPU has native bf16) and in fp32. Each tool keeps its own loss,
+step weights, norms, init, schedule and batching; the learning rate is ours (1e-4) and, where the
+tool recommends another, that one too (and ours at it, so the lr is not mistaken for the rest).
+``--ablate`` trains eagle3 with the peer's choices that it has flags for, one at a time.
 
 The peers run in their own venv (their declared dependencies pull a CUDA torch): speculators'
 Trainer with two device stubs (it moves batches with ``.to(local_rank)`` and times steps with an
@@ -361,11 +363,18 @@ ABLATION = {
     "ours": (),
     "step weights 1.0": ("--step-decay", "1.0"),
     "norms": ("--norm-before-fc", "--norm-before-residual"),
+    "norm before fc": ("--norm-before-fc",),
+    "residual norm": ("--norm-before-residual",),
     "weight decay 0.01": ("--weight-decay", "0.01"),
     "all three": ("--step-decay", "1.0", "--norm-before-fc", "--norm-before-residual", "--weight-decay", "0.01"),
     "target's head, frozen": ("--warm-start", "head", "--freeze-head"),
     "target's head, frozen + norms": ("--warm-start", "head", "--freeze-head", "--norm-before-fc",
                                       "--norm-before-residual"),
+    # norm_output (the normed stream fed to the next step) only comes with eagle3.1's fc_norm here
+    "eagle3.1 (norm_output)": ("--variant", "eagle3.1"),
+    "eagle3.1 + residual norm": ("--variant", "eagle3.1", "--norm-before-residual"),
+    "closest to speculators": ("--variant", "eagle3.1", "--norm-before-residual", "--step-decay", "1.0",
+                               "--weight-decay", "0.01", "--warm-start", "head", "--freeze-head"),
 }
 
 
@@ -374,7 +383,9 @@ def ablation(args, work: Path) -> None:
     print(f"| eagle3 train at lr {args.ablate_lr:g} with | held-out acc_0 | acc_1 | acc_2 | tokens/CPU-s |")
     print("|---|---|---|---|---|")
     for label, flags in ABLATION.items():
-        name = "ablate_" + label.replace(" ", "_").replace(".", "")
+        if args.ablate_only and label not in args.ablate_only.split(";"):
+            continue
+        name = f"ablate_{args.ablate_lr:g}_" + label.replace(" ", "_").replace(".", "").replace(",", "").replace("'", "").replace("+", "")
         res_file = work / f"{name}.json"
         if not res_file.exists():
             res = train_ours(name, args.ablate_lr, args, work, "auto", flags)
@@ -407,8 +418,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="eagle3 feature store (default: build 300 GSM8K conversations)")
     ap.add_argument("--model", default=str(SMOLLM2))
-    ap.add_argument("--work", default="/tmp/peers/runs")
-    ap.add_argument("--peers-python", default="/tmp/peers/venv/bin/python")
+    ap.add_argument("--work", default="runs/peers")
+    ap.add_argument("--peers-python", default=str(Path("~/venvs/peers/bin/python").expanduser()),
+                    help="python of the venv benchmarks/setup_peers.sh made")
     ap.add_argument("--tools", default="eagle3,speculators,specforge")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--tokens", type=int, default=1024)
@@ -424,7 +436,8 @@ def main():
     ap.add_argument("--eagle3-precision", default="auto,no",
                     help="eagle3 train --mixed-precision values to run at our lr (auto: its CPU default)")
     ap.add_argument("--ablate", action="store_true", help="only the ablation of speculators' choices in eagle3")
-    ap.add_argument("--ablate-lr", type=float, default=1e-3)
+    ap.add_argument("--ablate-lr", type=float, default=1e-4)
+    ap.add_argument("--ablate-only", help="';'-separated ablation labels to run (default: all)")
     ap.add_argument("--skip-train", action="store_true", help="score the drafts already in --work")
     # the peers' side
     ap.add_argument("--worker", choices=["speculators", "specforge"], help=argparse.SUPPRESS)
@@ -442,7 +455,8 @@ def main():
     if not args.data:
         sys.path.insert(0, str(HERE))
         from train_throughput import build_store
-        args.data = str(build_store(Path(args.model), work / "store", 300))
+        store = work / "store"
+        args.data = str(store if (store / "manifest.json").exists() else build_store(Path(args.model), store, 300))
     if args.ablate:
         return ablation(args, work)
     rows = []

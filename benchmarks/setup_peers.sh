@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A venv for the peer trainers that benchmarks/peer_trainers.py compares eagle3 with.
 #
-#   bash benchmarks/setup_peers.sh [VENV]        # default /tmp/peers/venv
+#   bash benchmarks/setup_peers.sh [VENV]        # default ~/venvs/peers
 #
 # speculators and SpecForge declare a CUDA torch and a GPU serving stack as dependencies; none of
 # that runs here, so both go in with --no-deps on top of the CPU torch, plus only the small
@@ -9,7 +9,7 @@
 # speculators, SpecForge and ModelOpt all accept. eagle3 itself is not installed: the benchmark
 # runs the project's own `eagle3` for our training, conversion and scoring.
 set -euo pipefail
-VENV=${1:-/tmp/peers/venv}
+VENV=${1:-$HOME/venvs/peers}
 python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
 "$PIP" install -q torch==2.13.0            # the CPU build (a plain `torch` could resolve to CUDA)
