@@ -484,7 +484,7 @@ def main():
         rows.append((tool, f"lr {lr:g}{prec}", res, acc, taus))
         print(f"{name}: {res['tokens']} tokens, acc {acc}, tau {taus}", flush=True)
     print(f"\n{args.steps} steps x {args.tokens} tokens, TTT {args.ttt_steps}, draft vocab {args.draft_vocab}, "
-          f"AdamW, fp32, one thread; tau on {args.prompts} mt_bench prompts x {args.new_tokens} tokens\n")
+          f"AdamW, one thread (peers in fp32); tau on {args.prompts} prompts x {args.new_tokens} tokens\n")
     print("| tool | settings | tokens | tokens/s | tokens/CPU-s | CPU-min | acc_0 | acc_1 | acc_2 "
           "| mt_bench chain-3 tau | mt_bench tree tau | gsm8k chain-3 tau |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
