@@ -188,6 +188,10 @@ class GenDataOptions(TargetOptions):
     vllm_args: dict | None = option(None, "--engine vllm: more vllm.LLM keyword arguments as JSON, e.g. "
                                           "'{\"gpu_memory_utilization\": 0.8}'.", cli_type=str, parse=json_object)
     capture_tokens: int = internal(16384)  # padded tokens per capture forward
+    # Probe one thread against all between shards (core.threads), for runs on cores other jobs
+    # share (the quickstart); off by default: a changed thread count can move a near-tie of the
+    # regenerated answers, and a resumed store is otherwise bit-identical to an uninterrupted one.
+    adapt_threads: bool = internal(False)
 
 
 # ---------------------------------------------------------------------------------- eval

@@ -40,6 +40,7 @@ from .features import aggregate  # noqa: F401  (the store's contract lives in fe
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from .sources import Conversation, images_of, load_conversations, with_system
 from ..core.progress import LogProgress
+from ..core.threads import adapt as adapt_threads
 from ..core.time_limit import TimeLimit, now
 
 REGEN_DIR = "regenerated"
@@ -768,6 +769,8 @@ class Pipeline:
                 if not self.clock.fits(len(convs)):
                     self.say_stopped(todo.index(s), len(todo))
                     break
+                if o.adapt_threads:
+                    adapt_threads("gen-data", lambda m: self.console.print(m, highlight=False))
                 shard_t0 = now()
                 try:
                     stats = self.process_shard(s, convs, status)

@@ -42,6 +42,8 @@ from .batching import collate, make_batches, rank_groups, split_indices
 from . import gemm_padding, train_eval
 from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
 from .optim import make_optimizer
+from .step_budget import StepBudget
+from ..core.time_limit import now
 from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import check_out_dir
 from ..publish.export import save_draft
@@ -395,10 +397,8 @@ class Trainer:
     trains (epochs -> optimizer steps -> micro-batches) and exports the draft."""
 
     def __init__(self, cfg: TrainConfig, recipe: str | None = None, console=None, quiet: bool = False):
-        self.cfg = cfg
-        self.recipe = recipe
-        self.console = console
-        self.quiet = quiet
+        self.cfg, self.started = cfg, now()  # --max-minutes counts from here
+        self.recipe, self.console, self.quiet = recipe, console, quiet
 
     # -- setup --
     def _say(self, msg: str):
@@ -520,6 +520,7 @@ class Trainer:
         self.params, optimizer, self.scheduler = optimizer_and_schedule(cfg, ttt, self.total_steps)
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
+        self.budget = step_budget(self)
         self.step, self.history, self.val = start["step"], list(start.get("history", [])), start.get("val")
         if self.probe:
             self.probe.best = start.get("best")
@@ -559,8 +560,11 @@ class Trainer:
             if self.step >= self.total_steps:
                 return None
             tokens = self.meter.tokens
+            if not self.budget.before_step(self.step):  # --max-minutes: the next step would end too late
+                return None
             if not self._optimizer_step(groups[gi]):
                 return stop_nan(self.out, self.step, self._say)
+            self.budget.after_step(self.step)
             self.step += 1
             self.view.tick(self.step, self.meter.tokens - tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -694,6 +698,20 @@ def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
     optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
     return [p for _, p in named], optimizer, schedule
+
+
+def step_budget(t: Trainer) -> StepBudget:
+    """--max-minutes for this run: a refitted step count becomes the run's and its schedule's."""
+    val_batches = len(make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0)) if t.val_idx else 0
+
+    def apply(steps: int, why: str):
+        t.total_steps = steps
+        t.scheduler.lr_lambdas[0] = lr_lambda(steps, t.cfg.warmup_ratio, t.cfg.min_lr_ratio)
+        t.view.set_total(steps)
+        t.view.note(why)  # (the view prints only on the main process, and not when quiet)
+
+    # a held-out batch is a forward without the backward: about half a step
+    return StepBudget(t.cfg.max_minutes, t.started, t.total_steps, t.cfg.ttt_warmup, 0.5 * val_batches, apply)
 
 
 def stop_nan(out: Path, step: int, say) -> str:

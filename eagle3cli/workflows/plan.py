@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..core.errors import Eagle3Error
 from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
+from ..core.threads import choose_threads
 from ..data.regen_rate import median_seconds
 
 
@@ -275,33 +276,6 @@ def cpu_class() -> str:
     return "no AVX2"
 
 
-def choose_threads(model) -> tuple[int, str]:
-    """Run on one thread when that is faster here: (threads now set, why). On busy cores two
-    OpenMP threads that wait for each other can make each op many times slower than one thread
-    (a 32 x 576 x 1,536 matmul took 39 ms on two busy cores against 2.5 ms on one); a quiet
-    machine keeps all of them. Probed with a 32-token target forward at both settings (timed once
-    on all threads: on busy cores that is the slow one)."""
-    import torch
-
-    n = torch.get_num_threads()
-    if n == 1:
-        return 1, ""
-    ids = torch.randint(3, 100, (1, 32))
-
-    def probe(repeats):
-        with torch.no_grad():
-            return median_seconds(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), repeats)
-
-    many = probe(1)
-    torch.set_num_threads(1)
-    one = probe(3)
-    if one < 0.9 * many:
-        return 1, (f"a 32-token forward took {1000 * one:.0f} ms on one thread against {1000 * many:.0f} on {n}: "
-                   "the cores are busy")
-    torch.set_num_threads(n)
-    return n, ""
-
-
 def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
                        draft_vocab: int = 8192) -> tuple[float, float]:
     """(full unroll, one TTT step) seconds of one offline training step of ``max_tokens`` tokens:
@@ -399,7 +373,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     spec = TargetSpec(model=model_id)
     model = load_target(spec)
     load_s = time.perf_counter() - t0
-    threads, why = choose_threads(model) if str(model_device(model)) == "cpu" else (torch.get_num_threads(), "")
+    threads, why = choose_threads() if str(model_device(model)) == "cpu" else (torch.get_num_threads(), "")
     device = str(model_device(model))
     dtype = regen_dtype("auto", model.config, device, model.dtype)
     layers = choose_layers(model.config, warn=False).ids

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
+from ..core.threads import adapt as adapt_threads
 from ..model.layers import text_config
 
 
@@ -109,12 +110,13 @@ def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log, minutes: 
                                       " (tokens only: the target runs during training, --online)"))
     # Without regeneration each conversation is trained on once, so its features are computed in
     # the training step (online) rather than written to disk and read back once.
-    # Four shards at least, so that the time limit can stop between them; 32 conversations at least,
-    # so that continuous batching keeps its 32 slots busy.
-    shard = min(100, max(32, -(-opts.samples // 4)))
+    # Six shards at least, so that the time limit can stop between them; 32 conversations at least,
+    # so that continuous batching fills its 32 slots.
+    shard = min(100, max(32, -(-opts.samples // 6)))
     run(GenDataOptions(out=out, data=str(prompts), regenerate=opts.regenerate, max_new_tokens=opts.max_new_tokens,
                        max_length=opts.max_length, seed=opts.seed, batch_size=32, shard_size=shard,
-                       features="offline" if opts.regenerate else "none", max_minutes=minutes),
+                       features="offline" if opts.regenerate else "none", max_minutes=minutes,
+                       adapt_threads=True),
         TargetSpec(model=model))
     return out
 
@@ -248,7 +250,6 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
         kept = json.loads(saved.read_text())
         if kept.get("flags") == flags and kept.get("model") == model:
             log(f"plan: reusing {saved} ({kept['plan']['conversations']} conversations, {kept['plan']['steps']} steps)")
-            _use_threads(kept["measurements"]["threads"])
             return kept
     log("measuring this machine (half a minute; more on busy cores) ...")
     m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps,
@@ -261,14 +262,6 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
     out = {**as_dict(m, plan), "flags": flags, "model": model}
     saved.write_text(json.dumps(out, indent=1) + "\n")
     return out
-
-
-def _use_threads(n: int):
-    """The thread count the measurements chose (plan.choose_threads), for every later stage."""
-    import torch
-
-    if n < torch.get_num_threads():
-        torch.set_num_threads(n)
 
 
 def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: bool) -> dict | None:
@@ -322,8 +315,10 @@ def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> Quicksta
     prompts = _prompts(opts, log)
     data = _gen_data(opts, model, prompts, log, _minutes(planned, "gen-data", started))
     lap("gen-data")
+    adapt_threads("train", log)  # probed again: a job that started beside the run changes the choice
     draft = _train(opts, model, data, log, _minutes(planned, "train", started))
     lap("train")
+    adapt_threads("eval", log)
     results = _eval(opts, model, draft, log, _minutes(planned, "eval", started))
     lap("eval")
     hub = _export(opts, base_model, draft, log)
