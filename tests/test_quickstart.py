@@ -3,12 +3,23 @@ measurement, a rerun resumes from what is on disk."""
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.workflows.quickstart import QuickstartOptions, run
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """The quickstart sets the process's thread count (core.threads): not for the other tests."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 def _prompts(path, n=8):
@@ -93,7 +104,9 @@ def test_plan_only_measures_and_plans_without_running(smol_tiny_dir, tmp_path):
     m, p = plan["measurements"], plan["plan"]
     assert m["regen_bound"] > 0 and m["step_s"] > 0 and m["warmup_step_s"] > 0 and m["forward_tokens_per_s"] > 0
     assert m["answer_tokens"] > 0 and m["text_tokens"] > m["answer_tokens"] / 2
-    assert 1 <= m["threads"] <= threads and (m["threads"] == threads) == (m["threads_note"] == "")
+    from eagle3cli.core.threads import cores
+
+    assert 1 <= m["threads"] <= cores() and (m["threads"] == cores()) == (m["threads_note"] == "")
     assert plan["flags"]["budget_min"] == 30 and p["total_s"] <= 30 * 60
     for word in ("cpu:", "regeneration:", "training step:", "plan: data:", "plan: size:", "plan: eval:", "plan: time:"):
         assert sum(line.strip().startswith(word) for line in lines) == 1, word
@@ -121,3 +134,31 @@ def test_a_budget_below_the_minimum_is_refused_in_one_line(smol_tiny_dir, tmp_pa
     found = re.search(r"--budget 0.01 is below the (\d+) minutes this machine needs .*: give --budget (\d+) or more$", last)
     assert found and found.group(1) == found.group(2) and int(found.group(1)) >= 1
     assert not (out / "data").exists()
+
+
+def test_a_planned_run_gives_each_stage_its_time_limit(smol_tiny_dir, tmp_path):
+    """With the steps and eval planned (only --samples given), training and eval run against the
+    clock: each is started with the minutes plan.stage_minutes leaves it, training may run up to
+    STEP_CAP times the planned steps, eval up to STEP_CAP times the planned prompts, and the whole
+    run ends within the budget."""
+    from eagle3cli.workflows.quickstart import STEP_CAP
+
+    out = tmp_path / "qs"
+    _prompts(out / "prompts.jsonl", n=8)
+    log = []
+    opts = QuickstartOptions(out=out, model=str(smol_tiny_dir), samples=8, budget=5, max_new_tokens=8,
+                             max_length=128, max_tokens=256, eval_tokens=8, tree="1,1",
+                             base_model="someone/tiny-llama")
+    res = run(opts, log=log.append)
+    p = res.plan["plan"]
+    train_line = next(m for m in log if m.startswith("[4/6] train"))
+    eval_line = next(m for m in log if m.startswith("[5/6] eval"))
+    assert " within " in train_line and train_line.endswith("min (the steps are fitted to it once timed)")
+    assert eval_line.startswith(f"[5/6] eval: up to {p['eval_prompts'] * STEP_CAP} mt_bench prompts")
+    meta = json.loads((res.draft / "config.json").read_text())
+    steps = meta["eagle3_training"]["steps"]
+    done = res.results["tasks"]["mt_bench"]["num_prompts"]
+    assert 1 <= done <= p["eval_prompts"] * STEP_CAP
+    assert sum(res.seconds.values()) < 5 * 60
+    # a tiny model trains far faster than its 5 minutes need: the time gives it the cap
+    assert steps == p["steps"] * STEP_CAP
