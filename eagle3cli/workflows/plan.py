@@ -279,13 +279,15 @@ def cpu_class() -> str:
 def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
                        draft_vocab: int = 8192) -> tuple[float, float]:
     """(full unroll, one TTT step) seconds of one offline training step of ``max_tokens`` tokens:
-    the teacher from the target's final states, the draft's unroll forward and backward, AdamW.
+    the teacher from the target's final states, the draft's unroll forward and backward (in the
+    precision train's auto resolves to), AdamW.
     The trainer's own pieces on random token ids (the cost does not depend on the text)."""
     import torch
 
     from ..model.draft import DraftConfig, Eagle3Draft
     from ..model.target import capture, input_embeddings, output_head
-    from ..train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes
+    from ..model.target import model_device
+    from ..train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, mixed_precision
     from ..train.ttt import TTTModel, teacher_from_final, teacher_rows
 
     vocab = output_head(model).weight.shape[0]
@@ -305,10 +307,14 @@ def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept
     with torch.no_grad():
         aux, final = capture(model, ids, layer_ids)
 
+    # the precision `train --mixed-precision auto` trains in here (bf16 where the CPU has it)
+    bf16 = mixed_precision("auto", cpu=str(model_device(model)) == "cpu") == "bf16"
+
     def step(active):
         ttt.active = active
         teacher = teacher_from_final(model, final, vocab_ids, teacher_rows(mask), full_argmax=False)
-        out = ttt(ids, aux, mask, teacher.probs, teacher.index, teacher.slot)
+        with torch.autocast(str(model_device(model)).split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            out = ttt(ids, aux, mask, teacher.probs, teacher.index, teacher.slot)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
