@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_class.py avx2 -- quickstart --budget 20 --out runs/qs-avx2
     python benchmarks/cpu_class.py avx2 -- train --data STORE ...
+    python benchmarks/cpu_class.py avx2 -- benchmarks/regen_throughput.py --model $SMOL ...   # a script
 
 What it restricts, before torch is imported: ATen's vectorised kernels (ATEN_CPU_CAPABILITY),
 oneDNN's ISA (ONEDNN_MAX_CPU_ISA) and MKL's (MKL_ENABLE_INSTRUCTIONS) to AVX2, and torch's CPU
@@ -37,9 +38,17 @@ def main():
     print(f"cpu class {sys.argv[1]}: {', '.join(f'{k}={v}' for k, v in cls['env'].items())}; torch reports "
           f"avx512_bf16={torch.cpu._is_avx512_bf16_supported()}, amx={torch.cpu._is_amx_tile_supported()}, "
           f"capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
+    args = sys.argv[sys.argv.index("--") + 1:]
+    if args and args[0].endswith(".py"):  # a benchmark script, run as its own __main__
+        import runpy
+
+        sys.argv = args
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+        runpy.run_path(args[0], run_name="__main__")
+        return
     from eagle3cli.cli import app
 
-    app(args=sys.argv[sys.argv.index("--") + 1:], prog_name="eagle3")
+    app(args=args, prog_name="eagle3")
 
 
 if __name__ == "__main__":

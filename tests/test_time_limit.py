@@ -13,6 +13,7 @@ from eagle3cli.core import time_limit
 from eagle3cli.core.time_limit import TimeLimit
 from eagle3cli.data.gen_data import GenDataOptions, run
 from eagle3cli.model.target import TargetSpec
+from test_trainer import store, target_dir  # noqa: F401  (module fixtures: a tiny target and its store)
 
 
 class FakeClock:
@@ -95,20 +96,6 @@ def test_gen_data_stops_between_shards_and_a_rerun_finishes_the_same_store(smol_
 
 
 # ---- train ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def target_dir(smol_tiny_dir, tmp_path_factory):
-    from test_trainer import peaky_target
-
-    return peaky_target(tmp_path_factory.mktemp("target"), smol_tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, target_dir):
-    from test_trainer import build_store
-
-    return build_store(tmp_path_factory.mktemp("store"), target_dir)
-
 
 @pytest.mark.parametrize("seconds_per_step, steps", [(10, 10), (20, 4)])
 def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_path, clock, monkeypatch,
