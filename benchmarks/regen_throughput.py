@@ -110,7 +110,7 @@ def main():
     for m in msgs:
         system, users = prompt_turns(m)
         if users:
-            firsts.append(len(tok(render(tok, system + [{"role": "user", "content": users[0]}],
+            firsts.append(len(tok(render(tok, system + list(users[0]),  # a turn: its user (and tool) messages
                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]))
     own = next(model.parameters()).dtype
     dtype = regen_dtype(args.regen_dtype, model.config, model_device(model).type, own)
