@@ -156,3 +156,76 @@ def test_eval_measures_the_prompts_the_time_holds(smol_tiny_dir, tmp_path, clock
     r = CliRunner().invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "four",
                                  "--data", str(turns), "--out", str(out), "--max-minutes", "0"])
     assert r.exit_code == 1 and "--max-minutes must be a positive number of minutes, got 0.0" in r.output
+
+
+def test_every_process_takes_the_most_cautious_decision(clock):
+    """Several processes time their own steps; a step count or a stop that one of them took alone
+    would leave the others in a collective. ``agree`` (the minimum over the processes) makes both
+    decisions common. Two minutes, 10 s a step, 10 s reserved for the export: alone this process
+    refits to 11 steps after its first timed step (90 s of room left at step 2)."""
+    from eagle3cli.train.step_budget import StepBudget
+
+    def run(other_count=10 ** 6, other_stops_before=10 ** 6):
+        """The other process votes ``other_count`` on every refit and 'no' before its step
+        ``other_stops_before``; this one runs steps until its budget ends them."""
+        said, at = [], {"step": 0}
+
+        def agree(n):  # 0/1: "the next step fits"; larger: a refitted step count
+            other = (at["step"] < other_stops_before) if n <= 1 else other_count
+            return min(n, int(other))
+
+        b = StepBudget(2.0, clock.now, total=40, warmup_steps=0, validate_cost_steps=0,
+                       apply=lambda steps, why: said.append(steps), agree=agree)
+        while at["step"] < b.total and b.before_step(at["step"]):
+            clock.now += 10
+            b.after_step(at["step"])
+            at["step"] += 1
+        return at["step"], said[-1]
+
+    assert run() == (11, 11)  # the other process agrees: this one's own fit
+    assert run(other_count=5) == (5, 5)  # the other fits only 5: so does this one
+    assert run(other_stops_before=4) == (4, 4)  # the other is out of time before step 4: both stop there
+
+
+TWO_PROCESSES = """
+import json, os, sys, types
+from eagle3cli.core import time_limit
+from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.train.trainer import Trainer, train
+rank = int(os.environ["RANK"])  # (torch.distributed.run's; the trainer's Accelerator joins the group)
+clock = types.SimpleNamespace(now=1000.0)
+time_limit.time = types.SimpleNamespace(perf_counter=lambda: clock.now)
+real = Trainer._optimizer_step
+def timed_step(self, group):  # rank 1 is the slower one: 20 s a step against 10
+    clock.now += 20 if rank == 1 else 10
+    return real(self, group)
+Trainer._optimizer_step = timed_step
+cfg = TrainConfig(**json.loads(sys.argv[1]))
+res = train(cfg, quiet=True)
+json.dump({"step": res.step}, open(f"{cfg.out}/rank{rank}.json", "w"))
+"""
+
+
+def test_two_processes_end_on_the_same_step(store, target_dir, tmp_path):
+    """Data-parallel training on two CPU processes (gloo), one timing its steps at 10 s and the
+    other at 20: both end on the step the slower one fits (4, as a lone 20-s run in the test
+    above), where either alone would leave the other waiting in a gradient all-reduce."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_trainer import config
+
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESSES)
+    out = tmp_path / "d"
+    cfg = config(store, target_dir, out, epochs=20, max_steps=40, max_minutes=2.0)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        "29527", str(script), json.dumps(cfg.to_dict())],
+                       capture_output=True, text=True, cwd=repo, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    steps = [json.loads((out / f"rank{k}.json").read_text())["step"] for k in (0, 1)]
+    assert steps == [4, 4]

@@ -329,7 +329,6 @@ class Pipeline:
         self.endpoint = None
         self.vllm = None  # vllm_engine.VllmCapture with --engine vllm
         self.clock = TimeLimit(opts.max_minutes)  # --max-minutes, from the command's start
-        self.stopped_early = False
 
     # -- setup
 
@@ -723,12 +722,11 @@ class Pipeline:
                                     f"{share:.2f} of one measured {o.batch_size}-slot decode step in {dtype}, "
                                     f"{bound:,.0f} tokens/s)"), highlight=False, markup=False)
 
-    def say_stopped(self, finished: int, todo: int):
+    def say_stopped(self, finished: int, todo: int, next_convs: int):
         """--max-minutes reached before the next shard: say what is kept and how to go on."""
-        self.stopped_early = True
         rate = self.clock.rate() or 0.0
         self.console.print(f"time limit ({self.clock.describe()}): stopped after {finished} of the {todo} shards "
-                           f"this run had to do (the next would need ~{rate * self.opts.shard_size / 60:.1f} min "
+                           f"this run had to do (the next would need ~{rate * next_convs / 60:.1f} min "
                            f"at {rate:.1f} s a conversation, {max(0.0, self.clock.left()) / 60:.1f} min are left); "
                            "the finished shards are kept and the store is incomplete: run the same command again "
                            "to finish it, or train on it with --allow-incomplete", highlight=False, markup=False)
@@ -764,10 +762,10 @@ class Pipeline:
             def status(text: str):
                 progress.update(task, description=text, rates=rates())
 
-            for s in todo:
+            for finished, s in enumerate(todo):
                 convs = self.convs[s * size:(s + 1) * size]
                 if not self.clock.fits(len(convs)):
-                    self.say_stopped(todo.index(s), len(todo))
+                    self.say_stopped(finished, len(todo), len(convs))
                     break
                 if o.adapt_threads:
                     adapt_threads("gen-data", lambda m: self.console.print(m, highlight=False))

@@ -25,13 +25,16 @@ EXPORT_S = 10.0  # writing the last checkpoint and the exported draft
 
 class StepBudget:
     """Times the steps of one run and refits its step count to ``minutes`` from ``start``;
-    ``apply(steps, why)`` makes a new count the run's (its schedule, its progress view)."""
+    ``apply(steps, why)`` makes a new count the run's (its schedule, its progress view).
+    ``agree(n)``: the smallest ``n`` over the run's processes. Each process times its own steps,
+    and a process that stopped or refitted alone would leave the others waiting in a collective,
+    so every decision is the most cautious one of them all (identity for a single process)."""
 
     def __init__(self, minutes: float | None, start: float, total: int, warmup_steps: int,
-                 validate_cost_steps: float, apply=None):
+                 validate_cost_steps: float, apply=None, agree=lambda n: n):
         self.clock = TimeLimit(minutes, start)
         self.total = self.cap = total  # the flags' count is the most the time may give
-        self.warmup, self.apply = warmup_steps, apply
+        self.warmup, self.apply, self.agree = warmup_steps, apply, agree
         self.validate_cost = validate_cost_steps  # the final validation, in full steps
         self.warm_s: list[float] = []
         self.full_s: list[float] = []
@@ -105,7 +108,7 @@ class StepBudget:
         ``step``) when it would end past the limit."""
         if not self.active:
             return True
-        if not self.one_more_fits(step):
+        if not self.agree(int(self.one_more_fits(step))):
             self._set(step, f"time limit ({self.clock.describe()}): ending at step {step}, "
                             f"{max(0.0, self.clock.left()) / 60:.1f} min left for the last validation and export")
             return False
@@ -119,7 +122,8 @@ class StepBudget:
         self.end(step_before)
         step = step_before + 1
         if self.refit_due(step):
-            steps = self.fitted(step)
+            steps = self.fitted(step)  # None on every process alike: timing starts at the same steps
+            steps = None if steps is None else self.agree(steps)
             if steps is not None and steps != self.total:
                 warm, full = self.step_seconds()
                 self._set(steps, f"time limit ({self.clock.describe()}): {steps} optimizer steps fit "

@@ -702,7 +702,8 @@ def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
 
 def step_budget(t: Trainer) -> StepBudget:
     """--max-minutes for this run: a refitted step count becomes the run's and its schedule's."""
-    val_batches = len(make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0)) if t.val_idx else 0
+    limited = bool(t.cfg.max_minutes and t.val_idx)
+    val_batches = len(make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0)) if limited else 0
 
     def apply(steps: int, why: str):
         t.total_steps = steps
@@ -710,8 +711,12 @@ def step_budget(t: Trainer) -> StepBudget:
         t.view.set_total(steps)
         t.view.note(why)  # (the view prints only on the main process, and not when quiet)
 
+    def agree(n: int) -> int:  # the smallest over the processes (each times its own steps)
+        return int(t.acc.gather(torch.tensor([n], device=t.acc.device)).min()) if t.acc.num_processes > 1 else n
+
     # a held-out batch is a forward without the backward: about half a step
-    return StepBudget(t.cfg.max_minutes, t.started, t.total_steps, t.cfg.ttt_warmup, 0.5 * val_batches, apply)
+    return StepBudget(t.cfg.max_minutes, t.started, t.total_steps, t.cfg.ttt_warmup, 0.5 * val_batches, apply,
+                      agree)
 
 
 def stop_nan(out: Path, step: int, say) -> str:

@@ -285,8 +285,7 @@ def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept
     import torch
 
     from ..model.draft import DraftConfig, Eagle3Draft
-    from ..model.target import capture, input_embeddings, output_head
-    from ..model.target import model_device
+    from ..model.target import capture, input_embeddings, model_device, output_head
     from ..train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, mixed_precision
     from ..train.ttt import TTTModel, teacher_from_final, teacher_rows
 

@@ -7,8 +7,9 @@ minute, then chooses the data route, the conversations, the training steps and t
 the whole run ends within the budget. The plan is an estimate; the budget is held by the stages
 themselves, each run against the clock (``core.time_limit``): gen-data stops starting shards past
 its planned time with some slack, training refits its step count to the time left once its steps
-are timed, and eval measures as many prompts as the time left holds. The plan is kept in ``out/plan.json``, so a rerun resumes
-the same run; ``samples``, ``steps``, ``regenerate`` and ``eval_prompts`` override it.
+are timed, and eval measures as many prompts as the time left holds. The plan is kept in
+``out/plan.json``, so a rerun resumes the same run; ``samples``, ``steps``, ``regenerate`` and
+``eval_prompts`` override it.
 """
 
 from __future__ import annotations
