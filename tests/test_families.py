@@ -29,7 +29,7 @@ from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.layers import default_layer_ids
 from eagle3cli.model.target import TargetSpec, capture, lm_logits
 from eagle3cli.publish.export import draft_config_from_json, engine_config, read_tensors
-from eagle3cli.train.trainer import TargetHead
+from eagle3cli.train.setup import TargetHead
 from eagle3cli.train.ttt import teacher_from_final
 from families import available, family_config, family_model, save_family
 from tiny import SMOLLM2_TOKENIZER
@@ -91,7 +91,7 @@ def test_engine_config_describes_the_trained_draft(family):
 
 def test_train_warning_points_to_eval_only_when_eval_runs_it():
     from eagle3cli.decode.generator import UnsupportedTarget, check_supported
-    from eagle3cli.train.trainer import eval_refusal
+    from eagle3cli.train.setup import eval_refusal
 
     gemma = family_config("gemma3_text")
     try:

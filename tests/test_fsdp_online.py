@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3cli.config.train_config import TrainConfig
-from eagle3cli.train.trainer import TrainError, train
+from eagle3cli.config.train_config import TrainError
+from eagle3cli.train.trainer import train
 from test_trainer import build_store, peaky_target
 
 REPO = Path(__file__).resolve().parents[1]

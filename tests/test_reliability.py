@@ -94,7 +94,7 @@ def test_every_user_error_class_shares_one_base():
     from eagle3cli.data.merge_data import MergeError
     from eagle3cli.publish.push import DraftRejected, PushError
     from eagle3cli.data.sources import SourceError
-    from eagle3cli.train.trainer import TrainError
+    from eagle3cli.config.train_config import TrainError
 
     for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate,
                 MergeError):

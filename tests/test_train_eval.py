@@ -12,7 +12,10 @@ from eagle3cli.data.features import FeatureStore, shard_name, write_shard
 from eagle3cli.model.target import capture
 from eagle3cli.train import train_eval
 from eagle3cli.train.optim import MuonAdamW
-from eagle3cli.train.trainer import TrainError, checkpoint_dirs, split_indices, train
+from eagle3cli.config.train_config import TrainError
+from eagle3cli.train.batching import split_indices
+from eagle3cli.train.checkpoints import checkpoint_dirs
+from eagle3cli.train.trainer import train
 from test_trainer import build_store, config, peaky_target, weights
 
 

@@ -19,7 +19,10 @@ from eagle3cli.publish.inspector import inspect_draft
 from eagle3cli.model.layers import default_layer_ids
 from eagle3cli.model.target import capture
 from eagle3cli.config.train_config import TrainConfig
-from eagle3cli.train.trainer import TrainError, Trainer, checkpoint_dirs, make_batches, rank_groups, train
+from eagle3cli.config.train_config import TrainError
+from eagle3cli.train.batching import make_batches, rank_groups
+from eagle3cli.train.checkpoints import checkpoint_dirs
+from eagle3cli.train.trainer import Trainer, train
 from eagle3cli.model.vocab import build_vocab, size_for_coverage
 from tiny import save_tiny
 
@@ -308,7 +311,7 @@ def test_two_process_ddp_ranks_agree(store, target_dir, tmp_path):
 
 
 def test_report_to_names_an_unknown_or_missing_tracker():
-    from eagle3cli.train.trainer import check_trackers
+    from eagle3cli.config.train_config import check_trackers
 
     assert check_trackers(None) == [] and check_trackers("") == []
     with pytest.raises(TrainError, match="unknown tracker"):
@@ -404,7 +407,7 @@ def test_recompute_auto_is_on_for_a_large_target_and_off_for_a_small_one():
     8,192 tokens x 7 steps (about 5 GB) is recomputed, SmolLM2's at the quickstart's 1,024 x 3 is not."""
     from types import SimpleNamespace
 
-    from eagle3cli.train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, use_recompute
+    from eagle3cli.train.memory import RECOMPUTE_ABOVE, kept_activation_bytes, use_recompute
 
     qwen = SimpleNamespace(hidden_size=896, intermediate_size=4864)
     smol = SimpleNamespace(hidden_size=576, intermediate_size=1536)
@@ -421,13 +424,13 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
     """host_memory.return_freed_tensors (freed tensors leave the resident set, about 8% more CPU
     time) is called for a large step on CPU only: large_step decides, as for --recompute auto."""
     from eagle3cli.core import host_memory
-    from eagle3cli.train import trainer
+    from eagle3cli.train import memory
 
     calls = []
     monkeypatch.setattr(host_memory, "return_freed_tensors", lambda *a: calls.append(a) or "fixed")
     Trainer(config(store, target_dir, tmp_path / "small"), quiet=True).setup()
     assert calls == []
-    monkeypatch.setattr(trainer, "kept_activation_bytes", lambda *a: 2 * trainer.RECOMPUTE_ABOVE)
+    monkeypatch.setattr(memory, "kept_activation_bytes", lambda *a: 2 * memory.RECOMPUTE_ABOVE)
     t = Trainer(config(store, target_dir, tmp_path / "large"), quiet=True)
     t.setup()
     assert calls == [()] and t.recompute is True
@@ -437,7 +440,7 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
 
 def test_mixed_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16():
     from eagle3cli.decode.fast_target import cpu_has
-    from eagle3cli.train.trainer import mixed_precision
+    from eagle3cli.train.precision import mixed_precision
 
     assert mixed_precision("auto", cpu=True, native_bf16=False) == "no"
     assert mixed_precision("auto", cpu=True, native_bf16=True) == "bf16"

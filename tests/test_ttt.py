@@ -359,7 +359,7 @@ def test_curriculum_unrolls_fewer_steps_with_full_size_statistics():
 
 def test_feature_noise_is_relative_to_each_stream():
     """with_noise: scale x each stream's RMS per position (a quiet stream gets quiet noise); 0 adds none."""
-    from eagle3cli.train.trainer import with_noise
+    from eagle3cli.train.noise import with_noise
 
     torch.manual_seed(0)
     aux = torch.cat([torch.randn(2, 500, 8) * 0.01, torch.randn(2, 500, 8) * 100.0], dim=-1)

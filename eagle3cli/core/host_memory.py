@@ -10,7 +10,7 @@ training run grows by gigabytes that hold nothing. Measured on a 0.5B target's C
 between steps. A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also stops the
 adjustment) maps every block above it on its own and unmaps it when it is freed. The price is a
 page fault per 4 KB each time such a tensor is made (about 8% more CPU time on that run, the
-losses bit-identical), so the trainer fixes it for large steps only (``trainer.large_step``).
+losses bit-identical), so the trainer fixes it for large steps only (``memory.large_step``).
 """
 
 from __future__ import annotations

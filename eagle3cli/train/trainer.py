@@ -17,16 +17,15 @@ needs only (epoch, step-in-epoch) besides model, optimizer, scheduler and RNG.
 The other concerns live beside it: flags are checked by ``TrainConfig.validate``
 (train_config.py), the store by ``features.check_store``; ``batching`` (split, token-budget
 batches, collation), ``checkpoints`` (step-N folders, --resume), ``train_report`` (metrics,
-train_log.jsonl, trackers, the live view and the summary). This module is the setup and the loop.
+train_log.jsonl, trackers, the live view and the summary), ``setup`` (the target's parts, the
+draft, the pre-run checks), ``precision`` (--mixed-precision, the Accelerator), ``memory``
+(--recompute, host memory) and ``noise`` (--feature-noise). This module is the Trainer: it puts
+them together and runs the loop.
 """
 
 from __future__ import annotations
 
-import gc
-import math
-import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -35,77 +34,29 @@ import torch
 from torch import nn
 
 from .. import __version__
-from ..engines import engine_support
-from ..core import host_memory
-from ..model import warm_start
-from .batching import collate, make_batches, rank_groups, split_indices
-from . import gemm_padding, train_eval
-from .checkpoints import CHECKPOINTS, checkpoint_dirs, save_checkpoint, start_state
-from .optim import make_optimizer
-from .step_budget import StepBudget
-from ..core.time_limit import now
-from ..model.draft import DraftConfig, Eagle3Draft
+from ..config.train_config import TrainConfig, TrainError
 from ..core.errors import check_out_dir
-from ..publish.export import save_draft
+from ..core.hf_utils import text_config
+from ..core.time_limit import now
 from ..data.features import FeatureStore, StoreError, check_complete, check_store, write_json
-from ..core.hf_utils import eos_token_ids, text_config
-from ..model.target import (TargetSpec, capture, input_embeddings, load_config, load_target, load_tokenizer,
-                            output_head)
-from ..config.train_config import TrainConfig, TrainError, check_trackers, draft_options
-from .train_report import (LOG, LiveView, Meter, RunLog, decayed_loss, epoch_note, final_metrics, measured_metrics,
+from ..model import warm_start
+from ..model.draft import Eagle3Draft
+from ..model.sharded_target import fsdp_requested, no_sync, padded, prepare_draft, shard_target
+from ..model.target import TargetSpec, capture, load_config
+from ..publish.export import save_draft
+from . import train_eval
+from .batching import collate, make_batches, rank_groups, split_indices
+from .checkpoints import checkpoint_dirs, save_checkpoint, start_state
+from .memory import fix_host_memory, use_recompute
+from .noise import noise_seed, with_noise
+from .optim import make_optimizer
+from .precision import accelerator
+from .setup import (as_list, build_draft, chat_template_for, check_init_from, learned_tokens_error, limit_note,
+                    load_target_parts, setup_line)
+from .step_budget import StepBudget
+from .train_report import (LiveView, Meter, RunLog, decayed_loss, epoch_note, final_metrics, measured_metrics,
                            summary_table, trained_on)
-from ..model.sharded_target import check_fsdp, fsdp_requested, no_sync, padded, prepare_draft, shard_target
 from .ttt import TTTModel, teacher_from_final, teacher_rows
-from ..model.vocab import build_vocab
-
-# Still importable from here (tests and benchmarks import them from the trainer).
-__all__ = ["CHECKPOINTS", "LOG", "TrainError", "TrainResult", "Trainer", "check_trackers", "checkpoint_dirs",
-           "make_batches", "rank_groups", "split_indices", "train"]
-
-
-# ---- setup checks ------------------------------------------------------------------------------
-
-def limit_note(steps_per_epoch: int, cfg: TrainConfig) -> str:
-    """Which limit ends the run: --max-steps or the epochs (said at the start and at the end)."""
-    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''} of {steps_per_epoch} steps"
-    if cfg.max_steps > 0 and cfg.max_steps < steps_per_epoch * cfg.epochs:
-        return f"--max-steps {cfg.max_steps} ends the run before {epochs}"
-    if cfg.max_steps > steps_per_epoch * cfg.epochs:
-        return (f"the {epochs} end the run before --max-steps {cfg.max_steps}: raise --epochs (or add data) "
-                "to train longer")
-    return epochs
-
-
-def learned_tokens_error(store: FeatureStore, train_idx: list[int], crop: int, cfg: TrainConfig) -> str | None:
-    """None if the training samples keep some learned (assistant) tokens within the crop."""
-    learned = store.learned_within(crop)
-    if any(learned[i] for i in train_idx):
-        return None
-    limit = "--max-tokens" if cfg.max_tokens <= cfg.max_length else "--max-length"
-    first = store.first_learned()
-    where = f" (the first answer token is at position {min(first)})" if first else ""
-    return (f"no learned tokens: every training sample's assistant tokens lie beyond the first {crop} tokens "
-            f"that {limit} {crop} keeps{where}: raise {limit}")
-
-
-@torch.no_grad()
-def check_features_match(store: FeatureStore, target, layer_ids, tolerance: float = 0.1, tokens: int = 32):
-    """Re-run the target on the start of one stored sample and compare with the stored streams.
-
-    Catches a store made with another checkpoint or revision of the same architecture, or with
-    other layers, that the manifest's shape fields cannot tell apart.
-    """
-    sample = store[0]
-    n = min(tokens, sample["input_ids"].numel())
-    ids = sample["input_ids"][:n][None].to(next(target.parameters()).device)
-    aux, final = capture(target, ids, layer_ids)
-    for name, got in (("aux", aux), ("final", final)):
-        ref = sample[name][:n].float()
-        err = float((got[0].float().cpu() - ref).norm() / ref.norm().clamp_min(1e-6))
-        if err > tolerance:
-            tid = store.meta.target_id
-            raise TrainError(f"store {store.root} was made with another target or revision ({tid}): its "
-                             f"'{name}' features differ from this target's by {err:.0%}")
 
 
 def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
@@ -119,252 +70,6 @@ def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
 
     return f
 
-
-# ---- the teacher's side of the target --------------------------------------------------------
-
-class TargetHead(nn.Module):
-    """Just the target's LM head (and config) for offline training: ``target.lm_logits`` works
-    on it like on the full model, without keeping the decoder in memory.
-
-    ``compute_dtype``: the dtype ``ttt.teacher_from_final`` computes the teacher's logits in. A
-    head stored narrower (bf16) is kept so and widened per teacher call: for a 151,936 x 896
-    head that is 272 MB held instead of 545 MB, with the same logits (widening is exact)."""
-
-    def __init__(self, model, compute_dtype: torch.dtype | None = None):
-        super().__init__()
-        self.config = model.config
-        self.head = output_head(model)
-        self.compute_dtype = compute_dtype
-
-    def get_output_embeddings(self):
-        return self.head
-
-
-# ---- the target's parts and the draft ---------------------------------------------------------
-
-def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> str:
-    """--mixed-precision resolved: auto is bf16 on a GPU and on a CPU that multiplies bf16 in
-    hardware (AMX or AVX512-BF16: ``native_bf16``, probed when None), fp32 on other CPUs. There
-    fp32 training already runs at 85-100% of the fp32 matmul peak and bf16 autocast gives 1.6x the
-    tokens per CPU-second at the same loss (docs/benchmarks.md); the unroll pads its GEMMs to a few
-    shapes under it (gemm_padding), else oneDNN's per-shape bf16 kernels grow resident memory
-    through a run. Without those instructions bf16 is emulated and slower than fp32."""
-    if name != "auto":
-        return name
-    if not cpu:
-        return "bf16"
-    return "bf16" if (gemm_padding.native_bf16_cpu() if native_bf16 is None else native_bf16) else "no"
-
-
-def accelerator(cfg: TrainConfig, trackers: list[str]):
-    """The accelerate Accelerator for this run, CPU or GPU, under --mixed-precision; DDP under launch."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
-    cpu = (cfg.device or "").startswith("cpu") or not torch.cuda.is_available()
-    if not cpu and (cfg.device or "").startswith("cuda:") and "LOCAL_RANK" not in os.environ:
-        torch.cuda.set_device(cfg.device)  # a single-process run on the GPU asked for
-    # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with another
-    # precision; a new run here (a library caller's second train()) starts its own. The process
-    # state (devices, process group) is kept.
-    AcceleratorState._reset_state()
-    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), log_with=trackers or None,
-                      project_dir=cfg.out)
-    check_fsdp(acc, cfg.online, cfg.load_in_8bit or cfg.load_in_4bit)  # FSDP shards the target, never the draft
-    return acc
-
-
-def chat_template_for(cfg: TrainConfig, spec: TargetSpec, manifest, say) -> str | None:
-    """The template to compare with the store's: --chat-template, else the tokenizer's."""
-    if cfg.chat_template:
-        try:
-            return Path(cfg.chat_template).read_text()
-        except OSError as e:
-            raise TrainError(f"cannot read --chat-template: {e}") from None
-    try:
-        template = load_tokenizer(spec).chat_template
-    except (OSError, ValueError):
-        template = None
-    if isinstance(template, dict):  # named templates: apply_chat_template uses "default"
-        template = template.get("default")
-    if not template and manifest.chat_template_hash:
-        say("[yellow]warning:[/] the target has no chat template of its own: pass gen-data's "
-            "--chat-template to check the store against it")
-    return template or None
-
-
-@dataclass
-class TargetParts:
-    """What training needs of the target: the full model only with --online (``target``), else
-    its LM head alone (``head``, for the teacher); the input embedding the draft copies, frozen;
-    the warm-start copies (``warm``)."""
-
-    target: nn.Module | None
-    head: nn.Module
-    embed: torch.Tensor
-    warm: dict
-
-
-def load_target_parts(cfg: TrainConfig, spec: TargetSpec, store: FeatureStore, target_config, warm_parts,
-                      device, sharded: bool = False) -> TargetParts:
-    if cfg.load_in_8bit or cfg.load_in_4bit:  # --online only (TrainConfig.validate)
-        warnings.warn("the target is loaded quantized: its features differ slightly from the served "
-                      "full-precision model's, so acceptance may be a little lower", stacklevel=2)
-    if cfg.online:
-        # Under FSDP the whole target never goes to one device: it is loaded on the CPU and each
-        # process moves its shard (Trainer.setup, once the warm start has copied what it needs).
-        target = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": _train_dtype(spec, device)})
-                             if sharded else spec)
-        return TargetParts(target, target, input_embeddings(target).weight.detach(),
-                           warm_start.target_parts(target, warm_parts))
-    # Offline: the decoder is only needed for one consistency probe, on the CPU. The head (the
-    # teacher's) is kept in the training dtype, auto: fp32 when training on the CPU, bf16 (half the
-    # host memory) for a GPU run. A bf16 checkpoint is loaded as stored and only its head cast up:
-    # the same values as loading it all in fp32, without a transient fp32 copy of the decoder
-    # (not with a head/layer warm start: those copy norms computed in the loaded dtype).
-    dtype = _train_dtype(spec, device)
-    as_stored = spec.dtype == "auto" and stored_dtype(target_config) == "bfloat16" and not {"head", "layer"} & set(
-        warm_parts)
-    load_dtype = "bfloat16" if as_stored else dtype
-    model = load_target(TargetSpec(**{**spec.__dict__, "device": "cpu", "dtype": load_dtype}))
-    check_features_match(store, model, store.meta.layer_ids)
-    train_dtype = getattr(torch, dtype)
-    # Frozen weights stay in the stored dtype when it widens exactly to the training dtype (bf16
-    # -> fp32): the teacher's head and the draft's embedding copy (build_draft) then hold half the
-    # memory for the same values.
-    keep = load_dtype if as_stored else dtype
-    head = TargetHead(model, compute_dtype=train_dtype).to(device, getattr(torch, keep))
-    # A weight loaded as stored can be a view of the memory-mapped checkpoint: a copy of its own
-    # lets the file's pages (all those the probe read, the decoder's too) go with the model.
-    for p in head.parameters():
-        p.data = p.data.clone()
-    parts = TargetParts(None, head, input_embeddings(model).weight.detach(), warm_start.target_parts(model, warm_parts))
-    del model
-    gc.collect()  # HF models hold reference cycles: free the decoder now, not at some later collection
-    return parts
-
-
-def _train_dtype(spec: TargetSpec, device) -> str:
-    """--dtype, auto: fp32 when training on the CPU, bf16 on a GPU."""
-    return spec.dtype if spec.dtype != "auto" else ("float32" if device.type == "cpu" else "bfloat16")
-
-
-def stored_dtype(config) -> str | None:
-    """The dtype a checkpoint's weights are stored in (config ``dtype``/``torch_dtype``), by name."""
-    tc = text_config(config)
-    for c in (config, tc):
-        value = getattr(c, "dtype", None) or getattr(c, "torch_dtype", None)
-        if value is not None:
-            return str(value).replace("torch.", "")
-    return None
-
-
-def eval_refusal(target_config) -> str | None:
-    """Why ``eagle3 eval`` would refuse this target (the generator's own check), None if it runs it."""
-    from ..decode.generator import UnsupportedTarget, check_supported
-
-    try:
-        check_supported(target_config)
-    except UnsupportedTarget as e:
-        return str(e)
-    return None
-
-
-def check_init_from(cfg: TrainConfig, target_config) -> None:
-    """A corrupted or unreadable --init-from is one line before the target is loaded."""
-    if not cfg.init_from:
-        return
-    from ..publish.draft_check import CorruptDraft
-    from ..publish.formats import FormatError, read_draft
-
-    try:
-        read_draft(cfg.init_from, target_config=target_config)
-    except (FormatError, CorruptDraft) as e:
-        raise TrainError(f"--init-from: {e}") from None
-
-
-def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say):
-    """(draft, vocab): the draft vocabulary from the store's token counts (docs/design.md §4), a
-    draft on the target's frozen embedding, warm-started and/or continued from --init-from."""
-    vocab_size = output_head(parts.head).weight.shape[0]
-    counts = store.token_counts(vocab_size)
-    end_ids = list(store.meta.end_token_ids) or _as_list(getattr(text_config(target_config), "eos_token_id", None))
-    try:
-        vocab = build_vocab(counts, cfg.draft_vocab_size, cfg.vocab_coverage, end_ids)
-    except ValueError as e:
-        raise TrainError(str(e)) from None
-    try:
-        options = draft_options(cfg)  # --variant, --norm-before-fc, --norm-before-residual
-    except ValueError as e:
-        raise TrainError(str(e)) from None
-    for line in engine_support.warnings(target_config, options, eval_refusal(target_config)):
-        say(f"[yellow]warning:[/] {line}")
-    dcfg = DraftConfig.from_target(target_config, vocab.size, store.meta.layer_ids, **options)
-    draft = Eagle3Draft(dcfg)
-    # The frozen embedding is only looked up (rows cast to the stream's dtype, ttt_streams and
-    # Eagle3Draft.step), so a bf16 source is kept in bf16: 151,936 x 896 is 272 MB, not 545 MB.
-    embed_dtype = torch.bfloat16 if parts.embed.dtype == torch.bfloat16 else torch.float32
-    draft.embed_tokens.to(embed_dtype)
-    draft.set_embedding(parts.embed.cpu())
-    draft.init_weights(seed=cfg.seed)
-    draft.set_vocab(vocab.ids)
-    # The warm start first: with --init-from, rows of tokens new to its vocabulary keep it.
-    for line in warm_start.apply(draft, warm_parts, parts.warm, vocab.ids):
-        say(line)
-    parts.warm = None  # the target's layer / head copies are not needed past here
-    if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
-        from ..publish.draft_check import CorruptDraft
-        from ..publish.formats import FormatError, init_from
-        try:
-            draft, vocab = init_from(draft, vocab, counts, cfg, target_config, say)
-        except (FormatError, CorruptDraft) as e:
-            raise TrainError(f"--init-from: {e}") from None
-    elif cfg.freeze_head and "head" in warm_parts:
-        draft.lm_head.weight.requires_grad_(False)
-    return draft, vocab
-
-
-# Above this, the activations the TTT unroll would keep for the backward are recomputed instead
-# (--recompute auto). Recomputing costs a few percent of CPU time (1.01-1.02x per token), keeping
-# them their bytes: 5.8 GB for a 0.5B target at the defaults (docs/benchmarks.md, "Memory").
-RECOMPUTE_ABOVE = 1 << 30
-
-
-def kept_activation_bytes(tokens: int, steps: int, dcfg: DraftConfig) -> int:
-    """What an S-step unroll keeps for the backward without recompute, per micro-batch: per token
-    and step the MLP's gate, up and product ([3 x intermediate]) and about a dozen hidden-sized
-    tensors (norms, q/k/v/o, the residuals), in fp32."""
-    return tokens * steps * (3 * dcfg.intermediate_size + 12 * dcfg.hidden_size) * 4
-
-
-def large_step(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
-    """Whether a micro-batch's unroll would keep more than RECOMPUTE_ABOVE of activations: the
-    runs where memory, not compute, is what to save (a 0.5B target at the defaults, not SmolLM2
-    at the quickstart's 1,024 tokens x 3 steps)."""
-    return kept_activation_bytes(cfg.max_tokens, cfg.ttt_steps, dcfg) > RECOMPUTE_ABOVE
-
-
-def fix_host_memory(cfg: TrainConfig, dcfg: DraftConfig, device, say) -> None:
-    """On a large CPU step, have glibc give freed tensors back (host_memory): about 1 GB of such a
-    step's peak is freed tensors it keeps. It costs about 8% more CPU time, so small runs keep
-    glibc's default."""
-    if device.type == "cpu" and large_step(cfg, dcfg):
-        note = host_memory.return_freed_tensors()
-        if note:
-            say(f"host memory: {note}")
-
-
-def use_recompute(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
-    """--recompute/--no-recompute as given; auto: on for a large step (large_step)."""
-    if cfg.recompute is not None:
-        return cfg.recompute
-    return large_step(cfg, dcfg)
-
-
-def setup_line(vocab, layer_ids, recompute: bool, precision: str) -> str:
-    return (f"draft vocab: {vocab.size} tokens covering {vocab.coverage:.2%} of the masked training tokens; layers "
-            f"{layer_ids}; TTT steps {'recomputed in the backward' if recompute else 'kept for the backward'}; "
-            f"{'bf16 autocast' if precision == 'bf16' else 'fp32'} compute")
 
 
 def scored_positions(batch: dict, loss_on: str, held_out: bool) -> torch.Tensor:
@@ -385,11 +90,6 @@ class TrainResult:
     history: list = field(default_factory=list)
     stopped: str | None = None  # why the run stopped early (NaN loss, interruption)
     limit: str = ""  # which limit ended the run (--max-steps or the epochs)
-
-
-def _as_list(x) -> list:
-    """EOS ids (None, one id or a list) as a sorted list: ``hf_utils.eos_token_ids``."""
-    return sorted(eos_token_ids(x))
 
 
 class Trainer:
@@ -687,7 +387,7 @@ def metadata(t: "Trainer", step: int, metrics: dict) -> dict:
 def end_token_ids(t: "Trainer") -> list[int]:
     """The end tokens the draft vocabulary holds (docs/design.md §4): recorded so that every
     reader can check that the exported maps still hold them (publish/draft_check.py)."""
-    ends = list(t.store.meta.end_token_ids) or _as_list(getattr(text_config(t.target_config), "eos_token_id", None))
+    ends = list(t.store.meta.end_token_ids) or as_list(getattr(text_config(t.target_config), "eos_token_id", None))
     kept = set(t.vocab.ids.tolist())
     return sorted(int(e) for e in set(ends) if int(e) in kept)
 
@@ -728,25 +428,6 @@ def stop_nan(out: Path, step: int, say) -> str:
     return msg
 
 
-def noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
-    """--feature-noise's seed for one micro-batch, from (seed, optimizer step, micro-batch, process):
-    a resumed run draws what the uninterrupted one did (self.step is restored), with no generator
-    state to checkpoint. The --ttt-warmup curriculum likewise follows self.step."""
-    return ((seed * 1_000_003 + step) * 1_009 + micro) * 257 + rank
-
-
-def with_noise(aux: torch.Tensor, scale: float, streams: int, seed: int | None = 0) -> torch.Tensor:
-    """aux [B,T,k*H] plus Gaussian noise of ``scale`` x each stream's RMS at each position: the
-    draft learns features that are near the target's rather than exactly them (its own outputs,
-    fed back at inference, never are). Drawn on the CPU from ``seed`` (the same on any device);
-    aux itself when ``scale`` is 0 or ``seed`` None (held-out batches)."""
-    if not scale or seed is None:
-        return aux
-    parts = aux.float().unflatten(-1, (streams, -1))
-    rms = parts.pow(2).mean(-1, keepdim=True).sqrt()
-    gen = torch.Generator().manual_seed(seed % (1 << 63))
-    noise = torch.randn(parts.shape, generator=gen).to(parts.device)
-    return (parts + noise * rms * scale).flatten(-2).to(aux.dtype)
 
 
 def train(cfg: TrainConfig, recipe: str | None = None, console=None, quiet: bool = False,

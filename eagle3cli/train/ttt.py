@@ -124,7 +124,7 @@ def ttt_streams(draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
     recomputes the [tokens x intermediate] MLP activations, norms and projections of one step at
     a time, instead of holding them for all S steps at once (same values: the recomputation is
     exact). Without it (``--no-recompute``) they are kept: less compute, several GB for a large
-    target (trainer.use_recompute decides by their size). The attention's score blocks are
+    target (memory.use_recompute decides by their size). The attention's score blocks are
     recomputed either way (ttt_attention).
     """
     layer = draft.midlayer
@@ -190,7 +190,7 @@ def teacher_from_final(target, final: torch.Tensor, vocab_ids: torch.Tensor, use
     only ``max_elements // vocab`` tokens at a time; the argmax is taken over the full vocab so a
     target choice outside the draft vocab is a miss. The logits are computed in
     ``target.compute_dtype`` when it is set (a head kept in its narrower stored dtype,
-    ``trainer.TargetHead``; it is widened once per call), else in the head's own dtype.
+    ``setup.TargetHead``; it is widened once per call), else in the head's own dtype.
 
     ``full_argmax=False`` computes only the draft vocabulary's logits (all the probabilities need:
     on SmolLM2 8,192 of 49,152 head rows, a sixth of the teacher's cost, which was a fifth of a CPU

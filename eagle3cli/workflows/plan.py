@@ -286,7 +286,8 @@ def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept
 
     from ..model.draft import DraftConfig, Eagle3Draft
     from ..model.target import capture, input_embeddings, model_device, output_head
-    from ..train.trainer import RECOMPUTE_ABOVE, kept_activation_bytes, mixed_precision
+    from ..train.memory import RECOMPUTE_ABOVE, kept_activation_bytes
+    from ..train.precision import mixed_precision
     from ..train.ttt import TTTModel, teacher_from_final, teacher_rows
 
     vocab = output_head(model).weight.shape[0]

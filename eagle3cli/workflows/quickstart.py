@@ -129,7 +129,8 @@ STEP_CAP = 2
 
 def _train(opts: QuickstartOptions, model: str, data: Path, log, minutes: float | None = None) -> Path:
     from ..config.train_config import resolve
-    from ..train.trainer import checkpoint_dirs, train
+    from ..train.checkpoints import checkpoint_dirs
+    from ..train.trainer import train
 
     out = opts.out / "draft"
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
