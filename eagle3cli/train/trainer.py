@@ -25,6 +25,7 @@ them together and runs the loop.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import date
