@@ -5,7 +5,7 @@ the ``llamacpp:spec_decode_*`` counters are shaped as llama-server's (llama-cpp-
 Every answer is ANSWER_LEN tokens. Plain: 20 ms a token. With ``-md``: 10 ms a token, and each
 answer took STEPS target steps that accepted ACCEPTED drafts of ``--spec-draft-n-max`` each.
 It appends its argv to $FAKE_LLAMA_ARGS (one JSON line per start); FAKE_LLAMA_DIFFER=1 makes the
-speculative answers differ from the plain ones.
+speculative answers differ from the plain ones; FAKE_LLAMA_SPEED=X divides every reported time by X.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def main():
             n = min(ANSWER_LEN, req["n_predict"])
             shift = 1 if spec and os.environ.get("FAKE_LLAMA_DIFFER") else 0
             tokens = [(len(prompt) + k + shift) % 97 + 3 for k in range(n)]
-            timings = {"prompt_n": len(prompt), "prompt_ms": 1.0 * len(prompt), "predicted_n": n,
-                       "predicted_ms": (10.0 if spec else 20.0) * n}
+            speed = float(os.environ.get("FAKE_LLAMA_SPEED", "1"))
+            timings = {"prompt_n": len(prompt), "prompt_ms": 1.0 * len(prompt) / speed, "predicted_n": n,
+                       "predicted_ms": (10.0 if spec else 20.0) * n / speed}
             timings["predicted_per_second"] = 1000.0 * n / timings["predicted_ms"]
             if spec and n == ANSWER_LEN:
                 k = args.spec_draft_n_max

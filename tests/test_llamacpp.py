@@ -208,8 +208,9 @@ def test_eval_engine_llamacpp_reads_the_servers_counts(engine_case, fake_bin, tm
     assert t["speedup"] == pytest.approx(2.0) and t["lossless"] is True and t["mismatches"] == []
     assert e["metrics"]["spec_decode_num_accepted_tokens_total"] == 12
     starts = [json.loads(ln) for ln in (tmp_path / "args.jsonl").read_text().splitlines()]
-    assert len(starts) == 2 and "-md" not in starts[0]
-    spec = starts[1]
+    # llama.cpp's plain decoding as eval's baseline, then the engine's plain and speculative servers
+    assert len(starts) == 3 and "-md" not in starts[0] and "-md" not in starts[1]
+    spec = starts[2]
     assert spec[spec.index("-md") + 1] == str(tmp_path / "d.gguf")
     assert spec[spec.index("--spec-type") + 1] == "draft-eagle3" and spec[spec.index("--spec-draft-n-max") + 1] == "3"
     assert spec[spec.index("-t") + 1] == "2" and spec[spec.index("--spec-draft-p-min") + 1] == "0.0"
@@ -290,3 +291,97 @@ def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
     card = render_card(read_config(draft_dir), "me/x", "me/tiny", [res]).text
     assert "hf download me/x --local-dir draft && eagle3 export-gguf draft" in card
     assert "| mt_bench (llama.cpp) | 20 | 1.46 |" in card
+
+
+# ---------------------------------------------------------------- llama.cpp's plain decoding as eval's baseline
+
+def _baseline_args(target, draft, turns, out, fake_bin):
+    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
+            "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3",
+            "--llama-cpp", str(fake_bin), "--target-gguf", str(out.parent / "t.gguf")]
+
+
+@pytest.mark.parametrize("speed", [1e6, 1.0])
+def test_eval_speedup_is_against_the_faster_of_ours_and_llamacpp(engine_case, fake_bin, tmp_path, monkeypatch, speed):
+    """Where llama.cpp is installed, eval times its plain decoding of the target on every turn beside
+    ours, and the speedup is against the fastest plain decoding (the fake reports 10 tokens an answer
+    in (prompt tokens x 1 ms + 200 ms) / speed)."""
+    target, draft, turns = engine_case
+    monkeypatch.setenv("FAKE_LLAMA_SPEED", str(speed))
+    out = tmp_path / "out"
+    r = runner.invoke(app, _baseline_args(target, draft, turns, out, fake_bin))
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    t = res["tasks"]["mini"]
+    tps = t["tokens_per_s"]
+    starts = [json.loads(ln) for ln in (tmp_path / "args.jsonl").read_text().splitlines()]
+    assert len(starts) == 1 and "-md" not in starts[0]  # one plain server, no engine run
+    assert starts[0][starts[0].index("-t") + 1] == str(torch.get_num_threads())
+    assert res["plain_engine"]["name"] == "llama.cpp" and res["plain_engine"]["target_gguf"] == str(tmp_path / "t.gguf")
+    # 3 answers of 10 tokens; prompts of some tens of tokens: 30 tokens over 600 ms and more, / speed
+    assert 30 / (0.6 + 0.003 * 3 * 200) * speed < tps["baseline_llamacpp"] < 30 / 0.6 * speed
+    ours = max(tps["baseline_hf"], tps["baseline_fast"])
+    assert tps["baseline"] == max(ours, tps["baseline_llamacpp"])
+    assert t["speedup"] == pytest.approx(tps["speculative"] / tps["baseline"])
+    if speed > 1:  # llama.cpp decodes faster than our plain decoding: the speedup is against it
+        assert t["baseline_from"] == "llamacpp" and tps["baseline"] == tps["baseline_llamacpp"]
+        assert t["speedup"] < tps["speculative"] / ours
+    else:  # 50 tokens/s at most: slower than the tiny model on our fast path
+        assert t["baseline_from"] in ("fast", "hf") and tps["baseline"] == ours
+    assert "plain llama.cpp tok/s" in r.output
+    assert ("(llama.cpp)" in r.output) == (speed > 1)
+
+
+def test_eval_without_llamacpp_says_so_and_records_none(engine_case, tmp_path, monkeypatch):
+    target, draft, turns = engine_case
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    out = tmp_path / "out"
+    args = _baseline_args(target, draft, turns, out, tmp_path / "nowhere")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["plain_engine"] is None and "baseline_llamacpp" not in res["tasks"]["mini"]["tokens_per_s"]
+    assert res["tasks"]["mini"]["baseline_from"] in ("fast", "hf")
+    assert "llama.cpp not found" in r.output and "plain llama.cpp tok/s" not in r.output
+
+
+# ---------------------------------------------------------------- the [llamacpp] extra
+
+def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_path, monkeypatch):
+    """No sentencepiece (a fresh install without the extra): one line naming the extra, before any
+    model is loaded; a converter that fails on an import names it too."""
+    import importlib.util
+    import tomllib
+
+    from eagle3cli.evaluate import llamacpp
+    from eagle3cli.publish import gguf_export
+
+    target, draft, turns = engine_case
+    src = tmp_path / "llama.cpp"
+    src.mkdir()
+    (src / "convert_hf_to_gguf.py").write_text("raise SystemExit('not run in this test')\n")
+    (src / "llama-server").symlink_to(fake_bin / "llama-server")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    loads = []
+    monkeypatch.setattr("eagle3cli.model.target.load_target", lambda *a, **k: loads.append(a))
+    r = runner.invoke(app, ["eval", "--model", str(target), "--draft", str(draft), "--engine", "llama.cpp",
+                            "--llama-cpp", str(src), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and loads == []
+    line = r.output.strip().splitlines()[-1]
+    assert "sentencepiece" in line and 'pip install "eagle3[llamacpp]"' in line
+    assert llamacpp.missing_modules() == ["sentencepiece"]
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+
+    def no_module(*a, **k):
+        raise gguf_export.GGUFExportError("convert_hf_to_gguf.py failed on T (exit 1): "
+                                          "ModuleNotFoundError: No module named 'sentencepiece'")
+
+    monkeypatch.setattr(gguf_export, "convert_target", no_module)
+    with pytest.raises(llamacpp.LlamaCppError, match=r"No module named 'sentencepiece': pip install \"eagle3\[llamacpp\]\""):
+        llamacpp.engine_files(draft, str(target), tmp_path / "g", llama_cpp=src)
+    # the extra brings every module the converter imports
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    names = {req.split(">")[0].split("=")[0] for req in extra["project"]["optional-dependencies"]["llamacpp"]}
+    assert {pip for _, pip in llamacpp.CONVERTER_MODULES + llamacpp.GGUF_MODULES} <= names

@@ -18,9 +18,10 @@ def evaluate(**flags):
     opts.validate()
     server_bin = None
     if opts.engine == "llama.cpp":
-        from ..evaluate.llamacpp import find_binary
+        from ..evaluate.llamacpp import check_conversion, find_binary
 
         server_bin = find_binary(llama_cpp=opts.llama_cpp)  # before any model is loaded
+        check_conversion(opts.model, opts.target_gguf, opts.draft_gguf, opts.llama_cpp)
     spec = TargetSpec.of(opts)
     if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
         from ..model.target import load_config
@@ -157,16 +158,18 @@ def show(results: dict):
     shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
     t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")
     has_pl = any("prompt_lookup" in r["tokens_per_s"] for r in results["tasks"].values())
-    for col in ["task", "prompts", "path", "tau", "plain HF tok/s", "plain fast tok/s", "spec tok/s", "cycle/step",
-                "speedup"] + (["lookup tok/s"] if has_pl else []) + ["n-alpha", "lossless"]:
+    has_llama = any("baseline_llamacpp" in r["tokens_per_s"] for r in results["tasks"].values())
+    for col in (["task", "prompts", "path", "tau", "plain HF tok/s", "plain fast tok/s"]
+                + (["plain llama.cpp tok/s"] if has_llama else []) + ["spec tok/s", "cycle/step", "speedup"]
+                + (["lookup tok/s"] if has_pl else []) + ["n-alpha", "lossless"]):
         t.add_column(col, justify="left" if col in ("task", "n-alpha") else "right")
     for name, r in results["tasks"].items():
         tps = r["tokens_per_s"]
         alpha = " ".join(fmt(a) for a in r["n_alpha"]) if r["n_alpha"] else "-"
         lossless = {True: "[green]yes[/]", False: "[red]NO[/]", None: "n/a (T>0)"}[r["lossless"]]
         row = [name, str(r["num_prompts"]), r.get("path") or "-", fmt(r["tau"]), fmt(tps.get("baseline_hf"), ".1f"),
-               fmt(tps.get("baseline_fast"), ".1f"), fmt(tps["speculative"], ".1f"), fmt(r.get("cycle_ratio")),
-               fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
+               fmt(tps.get("baseline_fast"), ".1f")] + ([fmt(tps.get("baseline_llamacpp"), ".1f")] if has_llama else [])
+        row += [fmt(tps["speculative"], ".1f"), fmt(r.get("cycle_ratio")), fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
         if has_pl:
             row.append(fmt(tps.get("prompt_lookup"), ".1f"))
         t.add_row(*row, alpha, lossless)
@@ -183,5 +186,9 @@ def show(results: dict):
         if r.get("cycle_ms"):
             ms = r["cycle_ms"]
             out.print(f"{name}: per cycle draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, "
-                      f"bookkeeping {ms['bookkeeping']:.1f} ms; speedup is against the faster plain decoding",
-                      highlight=False)
+                      f"bookkeeping {ms['bookkeeping']:.1f} ms; speedup is against the fastest plain decoding"
+                      + (f" ({BASELINE_NAMES.get(r.get('baseline_from'), r.get('baseline_from'))})"
+                         if r.get("baseline_from") else ""), highlight=False)
+
+
+BASELINE_NAMES = {"hf": "HF generate", "fast": "our fast path", "llamacpp": "llama.cpp"}

@@ -9,6 +9,7 @@ mismatch is reported with its prompt id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -275,6 +276,12 @@ class EvalConfig:
     fast: str = "auto"  # auto | on | off: verify (and decode the plain baseline) through fast_target
     draft_weights: str = "auto"  # auto | full | int8 | int4: the drafter's matmul weights (fast_draft.weights_for)
     max_minutes: float | None = None  # start no prompt that would end later (core.time_limit)
+    # llama.cpp's plain decoding of the same target beside ours where llama.cpp is installed
+    # (llamacpp.plain_baseline): the fastest plain decoder a CPU user has is a baseline too
+    llama_baseline: bool = True
+    llama_cpp: str | None = None  # where llama-server is (else $EAGLE3_LLAMA_CPP, then PATH)
+    target_gguf: str | None = None  # the target as GGUF (else converted once into the cache)
+    log_dir: str | None = None  # where llama-server's log goes
 
     @classmethod
     def from_options(cls, opts) -> "EvalConfig":
@@ -284,12 +291,14 @@ class EvalConfig:
                    temperature=opts.temperature, top_p=opts.top_p, sampling_top_k=opts.sampling_top_k,
                    mode=opts.mode, total_tokens=total, depth=depth, top_k=top_k, steps=opts.steps,
                    tree_auto=auto, prompt_lookup=opts.baseline == "prompt-lookup", seed=opts.seed, fast=opts.fast,
-                   draft_weights=opts.draft_weights, max_minutes=opts.max_minutes)
+                   draft_weights=opts.draft_weights, max_minutes=opts.max_minutes, llama_cpp=opts.llama_cpp,
+                   target_gguf=opts.target_gguf, log_dir=str(opts.out))
 
 
 # baseline_hf: HF generate; baseline_fast: plain greedy on the fast path (same forward as the
-# speculative run); "baseline" in results is the faster of the two (docs/design.md §10).
-METHODS = ("baseline_hf", "baseline_fast", "speculative", "prompt_lookup")
+# speculative run); baseline_llamacpp: llama.cpp's plain decoding of the same target, where it is
+# installed; "baseline" in results is the fastest of them (docs/design.md §10).
+METHODS = ("baseline_hf", "baseline_fast", "baseline_llamacpp", "speculative", "prompt_lookup")
 
 
 @dataclass
@@ -415,12 +424,30 @@ def evaluate_spec(spec, tokenizer, draft_for, cfg: EvalConfig, progress=None, lo
     while True:
         target = load_target(dataclasses.replace(spec, dtype=dtype))
         try:
-            return evaluate(target, tokenizer, draft_for(target), cfg, progress=progress, log=log)
+            with contextlib.ExitStack() as stack:
+                engine = _plain_engine(spec, target, cfg, log)
+                if engine is not None:
+                    stack.enter_context(engine)
+                return evaluate(target, tokenizer, draft_for(target), cfg, progress=progress, log=log,
+                                plain_engine=engine)
         except NotRowInvariant as e:
             if dtype == spec.dtype:  # asked for: the user decides
                 raise
             log(f"note: {e}; --dtype auto falls back to float32")
             dtype = "float32"
+
+
+def _plain_engine(spec, target, cfg: EvalConfig, log):
+    """llama.cpp's plain decoding of this target in its dtype, on as many threads as ours (CPU, greedy
+    runs only; None elsewhere or where llama.cpp is not installed)."""
+    from .llamacpp import plain_baseline
+
+    dev = next(target.parameters()).device
+    if not cfg.llama_baseline or dev.type != "cpu" or cfg.temperature != 0:
+        return None
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    return plain_baseline(spec.model, dtype, cfg.llama_cpp, cfg.target_gguf, threads=torch.get_num_threads(),
+                          log_dir=cfg.log_dir, log=log)
 
 
 class NotRowInvariant(EvalError):
@@ -459,12 +486,16 @@ def summarize(stats: TaskStats, cfg: EvalConfig) -> dict:
     tps = {k: (stats.new_tokens[k] / stats.seconds[k] if stats.seconds[k] else None) for k in METHODS}
     if not cfg.prompt_lookup:
         tps.pop("prompt_lookup")
-    plain = [v for k, v in tps.items() if k.startswith("baseline_") and v]
-    tps["baseline"] = max(plain) if plain else None  # the fastest honest plain decoding
+    if not tps["baseline_llamacpp"]:
+        tps.pop("baseline_llamacpp")
+    plain = {k: v for k, v in tps.items() if k.startswith("baseline_") and v}
+    fastest = max(plain, key=plain.get, default=None)
+    tps["baseline"] = plain[fastest] if fastest else None  # the fastest honest plain decoding
     times = {k: sum(o.times[k] for o in outs) for k in ("prefill", "draft", "verify", "bookkeeping")}
     cycle = sum(v for k, v in times.items() if k != "prefill") / fwd if fwd else None
     return {
         "path": outs[0].path if outs else None,
+        "baseline_from": fastest.removeprefix("baseline_") if fastest else None,  # hf, fast or llamacpp
         # a whole cycle (draft + verify + bookkeeping) in plain decoding steps of the fastest baseline
         "cycle_ratio": cycle * tps["baseline"] if cycle and tps["baseline"] else None,
         "num_prompts": stats.num_prompts,
@@ -488,8 +519,10 @@ def _hist(xs):
     return dict(sorted(h.items(), key=lambda kv: int(kv[0])))
 
 
-def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print) -> dict:
-    """Run every task; returns the results dict (docs/design.md §10) plus per-category rows."""
+def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print, plain_engine=None) -> dict:
+    """Run every task; returns the results dict (docs/design.md §10) plus per-category rows.
+    ``plain_engine``: another plain decoder (``llamacpp.PlainBaseline``: ``decode(ids, n)`` ->
+    (tokens, seconds)), timed on every turn beside ours as ``baseline_llamacpp``."""
     from ..decode.fast_draft import compute_dtype, weights_for
     from ..decode.generator import (
         ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate)
@@ -554,6 +587,8 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         greedy_generate(target, first, cfg.warmup_tokens, fast=fast)
     if cfg.prompt_lookup:
         hf_generate(target, first, cfg.warmup_tokens, prompt_lookup=cfg.prompt_lookup_tokens)
+    if plain_engine is not None:
+        plain_engine.decode(first[0].tolist(), cfg.warmup_tokens)
     auto = None
     if tree_auto:
         big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
@@ -615,6 +650,11 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                     st.new_tokens["speculative"] += len(s_out.tokens)
                     st.seconds["speculative"] += ts
                     st.outputs.append(s_out)
+                if plain_engine is not None:  # interleaved with ours: a shared machine's load hits both
+                    n_e, t_e = plain_engine.decode(ids[0].tolist(), cfg.max_new_tokens)
+                    for st in rows:
+                        st.new_tokens["baseline_llamacpp"] += n_e
+                        st.seconds["baseline_llamacpp"] += t_e
                 if cfg.prompt_lookup:
                     pl, tp = timed(lambda: hf_generate(target, ids, cfg.max_new_tokens,
                                                        prompt_lookup=cfg.prompt_lookup_tokens), dev)
@@ -669,6 +709,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
         "draft_dtype": None if draft_dtype is None else str(draft_dtype).removeprefix("torch."),
         "draft_weights": draft_weights,
         "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+        "plain_engine": plain_engine.describe() if plain_engine is not None else None,
         # what greedy speculative output is compared with: HF generate, or (low precision, where only
         # the fast path's forward is row-invariant) plain decoding on the fast path
         "lossless_reference": "fast plain decoding" if exact else "hf generate",

@@ -42,8 +42,50 @@ BUILD_HINT = ("build it with `bash benchmarks/build_llamacpp.sh` (tools from the
               "or pass --llama-cpp DIR (the folder with llama-server, or a llama.cpp tree with build/bin)")
 
 
+EXTRA = 'pip install "eagle3[llamacpp]"'
+# What llama.cpp's convert_hf_to_gguf.py (with its vendored gguf-py) imports, as (module, PyPI
+# name): numpy and yaml at import, sentencepiece (+ protobuf for its model files) for many
+# tokenizers, safetensors for the weights. Writing a draft without the converter needs the gguf
+# package. The [llamacpp] extra in pyproject.toml installs them all.
+CONVERTER_MODULES = (("numpy", "numpy"), ("yaml", "pyyaml"), ("sentencepiece", "sentencepiece"),
+                     ("google.protobuf", "protobuf"), ("safetensors", "safetensors"))
+GGUF_MODULES = (("gguf", "gguf"), ("numpy", "numpy"))
+
+
 class LlamaCppError(Eagle3Error, RuntimeError):
     """One line that says what to do."""
+
+
+def missing_modules(modules=CONVERTER_MODULES) -> list[str]:
+    """The PyPI names of ``modules`` this Python cannot import."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a missing parent package ("google" of google.protobuf)
+            return True
+
+    return [pip for mod, pip in modules if absent(mod)]
+
+
+def check_conversion(target: str, target_gguf=None, draft_gguf=None, llama_cpp=None) -> None:
+    """Before any model is loaded: that the GGUFs not given can be made here (the converter and
+    the modules it imports), else one line that says what to install or pass."""
+    from ..publish.gguf_export import _no_converter, find_converter
+
+    if target_gguf is not None and draft_gguf is not None:
+        return
+    local = Path(target).is_dir()
+    if target_gguf is None and not local:
+        raise LlamaCppError(f"--target-gguf FILE is needed: {target} is not a local HF folder to convert")
+    conv = find_converter(llama_cpp) if local else None
+    if target_gguf is None and conv is None:
+        raise LlamaCppError(str(_no_converter(llama_cpp)))
+    missing = missing_modules(CONVERTER_MODULES if conv is not None else GGUF_MODULES)
+    if missing:
+        raise LlamaCppError(f"writing GGUF files needs {', '.join(missing)}, which this Python lacks: {EXTRA} "
+                            "(or pass --target-gguf and --draft-gguf)")
 
 
 def find_binary(name: str = SERVER, llama_cpp: str | Path | None = None) -> Path:
@@ -146,9 +188,10 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def complete(self, tokens: list[int], n_predict: int, seed: int = 0, timeout: float = 600) -> dict:
+    def complete(self, tokens: list[int], n_predict: int, seed: int = 0, timeout: float = 600, **more) -> dict:
+        """Greedy ``/completion`` of token ids; ``more``: further request fields (``ignore_eos``)."""
         body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
-                "cache_prompt": False, "return_tokens": True, "stream": False}
+                "cache_prompt": False, "return_tokens": True, "stream": False, **more}
         req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
@@ -184,6 +227,95 @@ def version(binary: Path) -> str | None:
         return None
     lines = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.startswith("version")]
     return lines[0] if lines else None
+
+
+# ---------------------------------------------------------------- llama.cpp's plain decoding as a baseline
+
+OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # torch dtype name -> converter --outtype
+
+
+class PlainBaseline:
+    """llama.cpp's plain decoding of the same target, prompt by prompt beside ours (``eagle3 eval``'s
+    ``baseline_llamacpp``). A CPU user decodes with llama.cpp; a speedup against our own plain
+    decoding alone would flatter the draft wherever llama.cpp decodes faster."""
+
+    def __init__(self, binary: Path, target_gguf: Path, threads: int | None = None, ctx: int = 4096,
+                 log_path: Path | None = None):
+        self.binary, self.target_gguf, self.threads = Path(binary), Path(target_gguf), threads
+        self.server = Server(self.binary, self.target_gguf, threads=threads, ctx=ctx, log_path=log_path)
+
+    def __enter__(self):
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.server.__exit__(*exc)
+
+    def decode(self, ids: list[int], max_new_tokens: int) -> tuple[int, float]:
+        """(tokens decoded, seconds): the server's own prompt + decoding time, the span our plain
+        decoders' timings cover (the prompt pass included), without the HTTP round trip."""
+        r = self.server.complete([int(t) for t in ids], max_new_tokens)
+        t = r.get("timings") or {}
+        n = int(t.get("predicted_n", r.get("tokens_predicted", 0)))
+        return n, (float(t.get("prompt_ms", 0.0)) + float(t.get("predicted_ms", 0.0))) / 1000.0
+
+    def describe(self) -> dict:
+        return {"name": "llama.cpp", "binary": str(self.binary), "version": version(self.binary),
+                "target_gguf": str(self.target_gguf), "threads": self.threads,
+                "timing": "server prompt_ms + predicted_ms"}
+
+
+def cached_target_gguf(target_dir: str | Path, outtype: str, llama_cpp=None, log=print) -> Path:
+    """The target converted to GGUF once (llama.cpp's converter) and kept in the eagle3 cache, keyed
+    by the folder and its files' sizes and times: a changed folder is converted again."""
+    import hashlib
+
+    from ..core.realmodels import cache_root
+    from ..publish.gguf_export import GGUFExportError, convert_target
+
+    src = Path(target_dir).resolve()
+    stamp = [str(src)] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(src.iterdir())
+                          if f.is_file() and f.suffix in (".json", ".safetensors", ".bin")]
+    key = hashlib.sha1("\n".join(stamp).encode()).hexdigest()[:12]
+    out = cache_root() / "gguf" / f"{src.name}-{key}" / f"target-{outtype}.gguf"
+    if out.is_file():
+        return out
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        convert_target(src, tmp, outtype, llama_cpp, log)
+    except GGUFExportError as e:
+        tmp.unlink(missing_ok=True)
+        raise LlamaCppError(_with_extra(str(e))) from None
+    tmp.replace(out)
+    return out
+
+
+def plain_baseline(target: str, dtype: str, llama_cpp=None, target_gguf=None, threads: int | None = None,
+                   log_dir: Path | None = None, log=print) -> PlainBaseline | None:
+    """llama.cpp's plain decoding of ``target`` in ``dtype`` where llama.cpp is installed (--llama-cpp,
+    $EAGLE3_LLAMA_CPP or PATH), as ``target_gguf`` or converted once; None, with a note that says
+    why, where it is not or the target cannot be converted."""
+    try:
+        binary = find_binary(SERVER, llama_cpp)
+    except LlamaCppError:
+        log("llama.cpp not found: speedups are against our own plain decoding (`bash benchmarks/build_llamacpp.sh` "
+            "and --llama-cpp DIR add llama.cpp's)")
+        return None
+    try:
+        if target_gguf is None:
+            if dtype not in OUTTYPES or not Path(target).is_dir():
+                log(f"llama.cpp baseline skipped: --target-gguf FILE is needed ({target} in {dtype} is not a local "
+                    "HF folder llama.cpp's converter writes)")
+                return None
+            check_conversion(target, None, "-", llama_cpp)
+            target_gguf = cached_target_gguf(target, OUTTYPES[dtype], llama_cpp, log=lambda m: None)
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        return PlainBaseline(binary, Path(target_gguf), threads,
+                             log_path=Path(log_dir) / "llama-server-baseline.log" if log_dir else None)
+    except LlamaCppError as e:
+        log(f"llama.cpp baseline skipped: {e}")
+        return None
 
 
 # ---------------------------------------------------------------- the evaluation
@@ -331,11 +463,16 @@ def engine_files(draft_dir, target: str, out_dir: Path, target_gguf=None, draft_
                 log(f"converter warning: {w}")
             draft_gguf = files["draft"]
     except GGUFExportError as e:
-        raise LlamaCppError(str(e)) from None
+        raise LlamaCppError(_with_extra(str(e))) from None
     for p in (target_gguf, draft_gguf):
         if not Path(p).is_file():
             raise LlamaCppError(f"{p}: no such GGUF file")
     return Path(target_gguf), Path(draft_gguf)
+
+
+def _with_extra(message: str) -> str:
+    """A converter failure on a missing module names the extra that brings it."""
+    return f"{message}: {EXTRA}" if "No module named" in message else message
 
 
 def engine_table(section: dict):
