@@ -52,37 +52,41 @@ def _root(
 
 def _register():
     for name, module, func in COMMANDS:
-        full = f"{__package__}.commands.{module}"
-        try:
-            fn = getattr(importlib.import_module(full), func)
-        except ModuleNotFoundError as e:
-            if e.name != full:  # a real import error inside a built command must surface
-                raise
-            fn = _not_built(name)
+        fn = getattr(importlib.import_module(f"{__package__}.commands.{module}"), func)
         app.command(name)(boundary(fn))  # the one place where user errors become one line
-
-
-def _not_built(name: str):
-    def cmd():
-        typer.echo(f"eagle3 {name}: not built yet in this version", err=True)
-        raise typer.Exit(2)
-
-    cmd.__doc__ = f"(not built yet) {name}"
-    return cmd
 
 
 _register()
 
 
 def main():
+    """Run the CLI. A flag the parser refuses (an unknown choice, a number that is not one) is one
+    ``error:`` line naming the command's --help, exit 2, before the command runs."""
     try:
-        app()
+        from typer._click import exceptions as cx  # typer's own click
+    except ImportError:  # typer before it carried one
+        from click import exceptions as cx
+
+    try:
+        code = app(standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help())
+        raise SystemExit(0) from None
+    except cx.UsageError as e:
+        where = f"eagle3 {e.ctx.command_path.split(' ', 1)[1]}" if e.ctx and " " in e.ctx.command_path else "eagle3"
+        message = " ".join(e.format_message().replace("Value error, ", "").split())
+        report(f"{message} (see `{where} --help`)")
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:
+        report("aborted")
+        raise SystemExit(1) from None
     except (Exception, KeyboardInterrupt) as e:  # raised outside a command (option parsing, callbacks)
         mapped = message_for(e)
         if mapped is None or debug():
             raise
         report(mapped[0])
         raise SystemExit(mapped[1]) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

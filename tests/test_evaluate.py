@@ -317,5 +317,5 @@ def test_mt_bench_falls_back_to_the_bundled_questions_offline():
     task, prompts = load_task("mt_bench", limit=3)
     assert task == "mt_bench" and [p.id for p in prompts] == ["81", "82", "83"]
     assert all(len(p.turns) == 2 for p in prompts) and prompts[0].category == "writing"
-    with pytest.raises(EvalError, match="pass --data FILE"):
+    with pytest.raises(EvalError, match="pass --prompts FILE"):
         load_task("gsm8k", limit=1)  # not bundled: one clear line

@@ -273,7 +273,7 @@ def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, t
     r = runner.invoke(app, args)  # an earlier dry run with a GGUF in it is replaced, not refused
     assert r.exit_code == 0 and "replacing the earlier dry run" in r.output, r.output
     r = runner.invoke(app, args[:-4] + ["--gguf", "q4"])
-    assert r.exit_code == 1 and "--gguf must be one of f32, f16, bf16, q8_0" in r.output
+    assert r.exit_code == 2 and "'q4' is not one of 'f32', 'f16', 'bf16', 'q8_0'" in r.output
 
 
 def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):

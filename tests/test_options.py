@@ -63,7 +63,7 @@ def test_train_target_flags_are_the_shared_fields_left_unset_for_recipes():
         want = f.metadata["help"] if "(default:" in f.metadata["help"] else f"{f.metadata['help']} (default: {shown})"
         assert o.help == want
         assert o.default is None  # "not given": a recipe's value stands
-    assert opts["dtype"].help == ("auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
+    assert opts["dtype"].help == ("What the target computes in (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
                                   "fast path bf16 on a CPU with AMX, checked exact at start-up). (default: auto)")
     assert opts["load_in_8bit"].secondary_opts == ["--no-load-in-8bit"]
     assert not opts["model"].required
@@ -103,8 +103,8 @@ def gen_data_gets(monkeypatch):
 
 
 def test_gen_data_flags_become_options_and_spec(gen_data_gets, tmp_path):
-    res = invoke("gen-data", "-m", "x/y", "-d", "d.jsonl", "-o", tmp_path / "s", "--layers", "2,5,7",
-                 "--vllm-args", '{"gpu_memory_utilization": 0.8}', "--chat-template", "t.jinja", "--dtype",
+    res = invoke("gen-data", "-m", "x/y", "--dataset", "d.jsonl", "-o", tmp_path / "s", "--layers", "2,5,7",
+                 "--engine", "vllm", "--vllm-args", '{"gpu_memory_utilization": 0.8}', "--chat-template", "t.jinja", "--dtype",
                  "float32", "--no-regenerate", "-n", 3, env={"EAGLE3_API_KEY": "k2", "OPENAI_API_KEY": None})
     assert res.exit_code == 0, res.output
     opts, spec = gen_data_gets["opts"], gen_data_gets["spec"]
@@ -118,7 +118,7 @@ def test_gen_data_flags_become_options_and_spec(gen_data_gets, tmp_path):
 
 
 def test_openai_api_key_wins(gen_data_gets, tmp_path):
-    res = invoke("gen-data", "-m", "x/y", "-d", "d.jsonl", "-o", tmp_path / "s",
+    res = invoke("gen-data", "-m", "x/y", "--dataset", "d.jsonl", "-o", tmp_path / "s",
                  env={"EAGLE3_API_KEY": "k2", "OPENAI_API_KEY": "k1"})
     assert res.exit_code == 0, res.output
     assert gen_data_gets["opts"].api_key == "k1"
@@ -131,7 +131,7 @@ def test_openai_api_key_wins(gen_data_gets, tmp_path):
                            "line 1 column 2 (char 1))"),
 ])
 def test_gen_data_bad_flag_is_one_line(gen_data_gets, tmp_path, flags, message):
-    res = invoke("gen-data", "-m", "x/y", "-d", "d.jsonl", "-o", tmp_path / "s", *flags)
+    res = invoke("gen-data", "-m", "x/y", "--dataset", "d.jsonl", "-o", tmp_path / "s", *flags)
     assert res.exit_code == 1
     assert [ln for ln in res.output.splitlines() if ln.startswith("error:")] == [message]
     assert gen_data_gets == {}  # refused before the library ran
@@ -174,18 +174,19 @@ def test_eval_config_from_options(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"engine": "vllm-x"}, "--engine must be eagle3, llama.cpp or vllm, got 'vllm-x'"),
+    ({"engine": "vllm-x"}, "--engine must be one of eagle3, llama.cpp, vllm, got 'vllm-x'"),
     ({"engine": "vllm", "temperature": 0.7}, "--engine vllm measures greedy decoding: drop --temperature"),
     ({"engine_only": True}, "--engine-only needs --engine llama.cpp or vllm"),
     ({"engine": "llama.cpp", "temperature": 0.7}, "--engine llama.cpp measures greedy decoding: drop --temperature"),
-    ({"mode": "beam"}, "--mode must be tree or chain, got 'beam'"),
-    ({"baseline": "ngram"}, "--baseline must be prompt-lookup, got 'ngram'"),
+    ({"mode": "beam"}, "--mode must be one of tree, chain, got 'beam'"),
+    ({"baseline": "ngram"}, "--baseline must be one of prompt-lookup, got 'ngram'"),
     ({"top_p": 0.0}, "--temperature must be >= 0 and --top-p in (0, 1]"),
     ({"temperature": float("nan")}, "--temperature must be >= 0 and --top-p in (0, 1]"),
-    ({"steps": 0}, "--max-new-tokens and --steps must be at least 1"),
-    ({"fast": "yes"}, "--fast must be auto, on or off, got 'yes'"),
-    ({"draft_weights": "int2"}, "--draft-weights must be auto, full, int8 or int4, got 'int2'"),
-    ({"task": ["a", "b"], "data": "p.jsonl"}, "--data gives the prompts of one task; pass a single --task with it"),
+    ({"steps": 0}, "--max-new-tokens and --chain-length must be at least 1"),
+    ({"limit": 0}, "--num-prompts must be at least 1, got 0"),
+    ({"fast": "yes"}, "--fast must be one of auto, on, off, got 'yes'"),
+    ({"draft_weights": "int2"}, "--draft-weights must be one of auto, full, int8, int4, got 'int2'"),
+    ({"task": ["a", "b"], "data": "p.jsonl"}, "--prompts gives the prompts of one task; pass a single --task with it"),
     ({"tree": "8"}, "--tree must be 'auto' or TOTAL,DEPTH[,TOPK] with positive integers, got '8'"),
     ({"tree": "8,0"}, "--tree must be 'auto' or TOTAL,DEPTH[,TOPK] with positive integers, got '8,0'"),
 ])
@@ -216,10 +217,10 @@ def test_eval_bad_flag_is_one_line_before_loading(monkeypatch, tmp_path):
     import eagle3cli.model.target as target
 
     monkeypatch.setattr(target, "load_config", lambda spec: pytest.fail("validated after loading"))
-    res = invoke("eval", "-m", "x/y", "-d", tmp_path, "-o", tmp_path / "o", "--mode", "beam")
+    res = invoke("eval", "-m", "x/y", "-d", tmp_path, "-o", tmp_path / "o", "--temperature", "-1")
     assert res.exit_code == 1
     assert [ln for ln in res.output.splitlines() if ln.startswith("error:")] == [
-        "error: --mode must be tree or chain, got 'beam'"]
+        "error: --temperature must be >= 0 and --top-p in (0, 1]"]
 
 
 # ---------------------------------------------------------------- train and the spec

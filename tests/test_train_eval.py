@@ -114,7 +114,7 @@ def test_keep_best_breaks_a_tie_of_measured_taus_by_the_simulated_one(store, tar
 
 
 def test_eval_every_refuses_a_run_without_prompts_and_keep_best_without_eval_every(store, target_dir, tmp_path):
-    with pytest.raises(TrainError, match="--val-fraction above 0 or pass --eval-prompts"):
+    with pytest.raises(TrainError, match="--val-fraction above 0 or pass --prompts"):
         train(config(store, target_dir, tmp_path / "a", eval_every=2, val_fraction=0.0), quiet=True)
     with pytest.raises(TrainError, match="--keep best needs --eval-every"):
         train(config(store, target_dir, tmp_path / "b", keep="best"), quiet=True)

@@ -138,8 +138,8 @@ def test_vllm_resume_after_a_lost_shard(both_stores, smol_tiny_dir, data_file, f
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(engine="sglang"), "--engine must be hf or vllm"),
-    (dict(engine="vllm", features="none"), "--features none stores tokens only"),
+    (dict(engine="sglang"), "--engine must be one of hf, vllm"),
+    (dict(engine="vllm", features="none"), "--online stores tokens only"),
     (dict(engine="vllm", regenerate=True), "regenerate through --endpoint"),
     (dict(tensor_parallel_size=2), "options of --engine vllm"),
     (dict(engine="vllm", pipeline_parallel_size=0), "at least 1"),

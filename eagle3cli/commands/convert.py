@@ -3,38 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
-from .common import Revision, TrustRemoteCode, console, fail, report_console
+from ..config.options import CONVERT_TARGETS, Alias
+from .common import Revision, TrustRemoteCode, aliased, fail, report_console
 
 
+@aliased(("draft_dtype", Alias("--dtype")))
 def convert(
     draft: str = typer.Argument(..., help="Draft directory in any format `eagle3 inspect` names."),
-    to: str = typer.Option(..., "--to", help="ours | vllm | sglang (the same files: both engines load ours) | "
-                                              "speculators (vLLM's speculators format)."),
-    out: Path = typer.Option(..., "--out", metavar="DIR", help="Folder to write the converted draft to."),
+    to: Literal[CONVERT_TARGETS] = typer.Option(..., "--to", help="vllm and sglang write our files (both engines "
+                                                "load them); speculators is vLLM's speculators format."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Folder to write the converted draft to."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Target: infers what the files do not "
                                         "record (layer ids, max positions) and supplies the embedding."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layer ids 'j,j,j' (input of decoder layer j) "
                                          "for a draft that records none."),
-    dtype: str = typer.Option("keep", "--dtype", help="keep | bfloat16 | float16 | float32 (keep: as stored)."),
+    draft_dtype: Literal["keep", "bfloat16", "float16", "float32"] = typer.Option(
+        "keep", "--draft-dtype", help="The converted draft's dtype (keep: as stored)."),
     revision: Optional[str] = Revision,
     trust_remote_code: bool = TrustRemoteCode,
 ):
     """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
     import torch
 
-    from ..publish.formats import TARGETS, inspect_any
+    from ..publish.formats import inspect_any
     from ..publish.formats import convert as run
     from ..model.layers import parse_layer_ids
 
-    if to not in TARGETS:
-        fail(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
     dtypes = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if dtype not in dtypes:
-        fail(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
     target_config = target = None
     try:
         ids = parse_layer_ids(layers)
@@ -46,7 +45,7 @@ def convert(
             target_config = load_config(spec)
             target = load_target(spec)
         path, note = run(draft, out, to, target_config=target_config, target=target, layer_ids=ids,
-                         dtype=dtypes[dtype], target_name=model)
+                         dtype=dtypes[draft_dtype], target_name=model)
     except OSError as e:  # transformers' words for target files it cannot find (FormatError: one line anyway)
         fail(str(e))
     show = report_console()

@@ -12,10 +12,11 @@ from .common import console, fail, flags_from, report_console
 def evaluate(**flags):
     """Speculative vs plain decoding on the same prompts: tau, n-alpha, tokens/s, speedup, lossless check."""
     from ..config.options import from_flags
-    from ..model.target import TargetSpec
 
     opts = from_flags(EvalOptions, flags)
-    opts.validate()
+    opts.validate()  # every flag, before the library (torch, transformers) is imported
+    from ..model.target import TargetSpec
+
     server_bin = None
     if opts.engine == "llama.cpp":
         from ..evaluate.llamacpp import check_conversion, find_binary

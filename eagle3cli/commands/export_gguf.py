@@ -7,19 +7,24 @@ from typing import List, Optional
 
 import typer
 
-from .common import console, fail
+from ..config.options import GGUFType, Alias
+from .common import aliased, console, fail
 
 
+@aliased(("model", Alias("--target")))
 def export_gguf(
     draft_dir: Path = typer.Argument(..., metavar="DRAFT_DIR", help="The draft directory (config.json + model.safetensors)."),
     out: Path = typer.Option(Path("gguf"), "--out", "-o", help="Folder for draft-TYPE.gguf (and target-TYPE.gguf)."),
-    outtype: List[str] = typer.Option(["f32"], "--outtype", help="f32, f16, bf16 or q8_0; repeatable."),
-    target: Optional[str] = typer.Option(None, "--target", metavar="DIR",
-                                         help="The target's HF folder (default: the one training recorded, if local)."),
+    outtype: List[GGUFType] = typer.Option(["f32"], "--outtype", help="The GGUF's weight type; "
+                                                      "repeatable."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="DIR",
+                                        help="The target's HF folder (default: the one training recorded, if "
+                                             "local)."),
     target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", metavar="FILE",
                                                help="The target's GGUF: its tokenizer goes into the draft GGUF "
                                                     "(no llama.cpp sources needed)."),
-    with_target: bool = typer.Option(False, "--with-target", help="Also convert the target (needs --llama-cpp)."),
+    with_target: bool = typer.Option(False, "--with-target", help="Also convert the target (needs --model and "
+                                     "--llama-cpp)."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR",
                                              help="llama.cpp source tree with convert_hf_to_gguf.py "
                                                   "(default: $EAGLE3_LLAMA_CPP)."),
@@ -34,13 +39,15 @@ def export_gguf(
         for p in rep.problems:
             console.print(f"  - {p}", highlight=False)
         fail(f"{draft_dir}: {len(rep.problems)} problem(s) found by `eagle3 inspect`; not exporting")
+    target = model
     if target is None:
         recorded = (read_config(draft_dir).get(METADATA_KEY) or {}).get("target")
         if recorded and Path(recorded).is_dir():
             target = recorded
     if target is None and target_gguf is None:
-        fail("pass --target DIR (the target's HF folder, with --llama-cpp DIR) or --target-gguf FILE")
+        fail("pass --model DIR (the target's HF folder, with --llama-cpp DIR) or --target-gguf FILE")
     written = {}
+    outtype = [GGUFType(t).value for t in outtype]
     for t in outtype:  # a GGUFExportError is one line at the CLI boundary
         files, warnings = run(draft_dir, out, t, target_dir=target, target_gguf=target_gguf,
                               with_target=with_target, llama_cpp=llama_cpp,

@@ -12,12 +12,14 @@ from . import common
 @common.flags_from(GenDataOptions, required=("model",))
 def gen_data(**flags):
     """Build training data: the target answers chat prompts, masks cover its answers, features go to disk."""
-    from ..core.errors import Interrupted
-    from ..data.gen_data import run
     from ..config.options import from_flags
-    from ..model.target import TargetSpec
 
     opts = from_flags(GenDataOptions, flags)
+    opts.validate()  # every flag, before the library (torch, transformers) is imported
+    from ..core.errors import Interrupted
+    from ..data.gen_data import run
+    from ..model.target import TargetSpec
+
     try:
         man = run(opts, TargetSpec.of(opts), common.console)
     except KeyboardInterrupt:

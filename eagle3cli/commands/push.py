@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from ..config.options import GGUFType
 from .common import console, fail
 
 
@@ -23,18 +24,16 @@ def push(
     license: Optional[str] = typer.Option(None, "--license", help="Licence id for the card (default: the target's, when recorded)."),
     base_model: Optional[str] = typer.Option(None, "--base-model", metavar="OWNER/NAME", help="The target's Hub id, when training recorded a local folder."),
     dataset_id: List[str] = typer.Option([], "--dataset-id", metavar="OWNER/NAME", help="Hub dataset the draft was trained on (repeatable), when gen-data read a local file."),
-    gguf: List[str] = typer.Option([], "--gguf", metavar="TYPE", help="Also upload draft-TYPE.gguf for llama.cpp: f32, f16, bf16 or q8_0 (repeatable; see `eagle3 export-gguf`)."),
+    gguf: List[GGUFType] = typer.Option([], "--gguf", help="Also upload draft-TYPE.gguf for llama.cpp (repeatable; see `eagle3 export-gguf`)."),
     target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", metavar="FILE", help="With --gguf: the target's GGUF (its tokenizer goes into the draft GGUF)."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="With --gguf: a llama.cpp tree whose convert_hf_to_gguf.py writes the GGUF (default: $EAGLE3_LLAMA_CPP)."),
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from ..publish import push as lib
     from ..publish.formats import as_ours
-    from ..publish.gguf_export import OUTTYPES, GGUFOptions
+    from ..publish.gguf_export import GGUFOptions
 
-    bad = [t for t in gguf if t not in OUTTYPES]
-    if bad:
-        fail(f"--gguf must be one of {', '.join(OUTTYPES)}, got {bad[0]!r}")
+    gguf = [GGUFType(t).value for t in gguf]
     opts = None
     if gguf:
         from ..publish.export import METADATA_KEY, read_config

@@ -7,10 +7,13 @@ from typing import Optional
 
 import typer
 
+from ..config.options import Alias
 from ..workflows.quickstart import QuickstartOptions
-from .common import console, report_console
+from .common import aliased, console, report_console
 
 
+@aliased(("max_samples", Alias("--samples")), ("max_steps", Alias("--steps")),
+         ("num_prompts", Alias("--eval-prompts")))
 def quickstart(
     out: Path = typer.Option(Path("eagle3-quickstart"), "--out", "-o", help="Working folder (rerun to resume)."),
     model: Optional[str] = typer.Option(None, "--model", "-m",
@@ -20,17 +23,18 @@ def quickstart(
                                       "more on busy cores), then sizes the data route, conversations, training "
                                       "steps and eval to end within them."),
     plan_only: bool = typer.Option(False, "--plan-only", help="Measure, print the measurements and the plan, and exit."),
-    samples: Optional[int] = typer.Option(None, "--samples",
-                                          help="Training conversations (ShareGPT). (default: planned for --budget)"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (1024 tokens each, 3 TTT steps). "
-                                                                "(default: planned for --budget)"),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples",
+                                              help="Training conversations (ShareGPT). (default: planned for "
+                                                   "--budget)"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (1024 tokens each, 3 TTT "
+                                                                      "steps). (default: planned for --budget)"),
     regenerate: Optional[bool] = typer.Option(None, "--regenerate/--no-regenerate",
                                               help="Have the target answer the prompts, or train online on "
                                                    "ShareGPT's own text with the target as teacher. (default: "
                                                    "planned: regenerate where the target generates fast enough "
                                                    "here for regenerated data to pay for its time)"),
-    eval_prompts: Optional[int] = typer.Option(None, "--eval-prompts",
-                                               help="mt_bench prompts to evaluate (both turns). (default: planned, "
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts",
+                                              help="mt_bench prompts to evaluate (both turns). (default: planned, "
                                                     "4 per 20 minutes of budget)"),
     repo: Optional[str] = typer.Option(None, "--repo", help="Hub repo id to name in the model card."),
     base_model: Optional[str] = typer.Option(None, "--base-model",
@@ -42,8 +46,8 @@ def quickstart(
 
     from ..workflows.quickstart import run
 
-    opts = QuickstartOptions(out=out, model=model, budget=budget, samples=samples, steps=steps,
-                             regenerate=regenerate, eval_prompts=eval_prompts, repo_id=repo, base_model=base_model)
+    opts = QuickstartOptions(out=out, model=model, budget=budget, samples=max_samples, steps=max_steps,
+                             regenerate=regenerate, eval_prompts=num_prompts, repo_id=repo, base_model=base_model)
     # user errors (a budget below the minimum too): Eagle3Error, one line
     res = run(opts, log=lambda m: console.print(m, highlight=False, markup=False), plan_only=plan_only)
     if plan_only:

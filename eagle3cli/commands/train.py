@@ -36,7 +36,7 @@ def _model_type(flags: dict) -> str | None:
         from ..data.features import MANIFEST, read_manifest
 
         if not (Path(flags["data"]) / MANIFEST).exists():
-            fail(f"{flags['data']} is not a feature store (no {MANIFEST}): run `eagle3 gen-data` first")
+            fail(f"--store {flags['data']} is not a feature store (no {MANIFEST}): run `eagle3 gen-data` first")
         return read_manifest(flags["data"]).model_type  # a garbled manifest: StoreError, one line
     if flags.get("model"):
         from ..model.layers import text_config
@@ -55,6 +55,7 @@ def train(**kwargs):
 
     recipe = kwargs.pop("recipe")
     print_config = kwargs.pop("print_config")
+    resolve("none", kwargs)[0].validate(alone=True)  # each flag by itself, before a store, config or import
     cfg, used = resolve(recipe, kwargs, _model_type(kwargs) if recipe == "auto" else None)  # OptionError: one line
     if recipe == "auto":
         console.print(f"recipe: {used or 'none (no recipe for this model family: defaults)'}", highlight=False)

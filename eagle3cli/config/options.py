@@ -19,27 +19,71 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from ..core.errors import OptionError, check_out_dir
 
 REQUIRED = dataclasses.MISSING  # option(REQUIRED, ...): a field, and flag, without a default
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # --dtype, --regen-dtype
+ROW_FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")  # data/sources.py FORMATS
+CONVERT_TARGETS = ("ours", "vllm", "sglang", "speculators")  # publish/formats.py TARGETS
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # publish/gguf_export.py OUTTYPES
+# A repeatable choice (--outtype, --gguf) parses as an Enum: typer takes no list of a Literal.
+GGUFType = Enum("GGUFType", {t: t for t in GGUF_TYPES}, type=str)
 
 
 def option(default: Any, help: str, *, short: str | None = None, envvar: str | list[str] | None = None,
            metavar: str | None = None, cli_type: type | None = None,
-           parse: Callable[[Any], Any] | None = None) -> Any:
+           parse: Callable[[Any], Any] | None = None, choices: tuple[str, ...] | None = None,
+           flag: str | None = None, aliases: tuple[Alias, ...] = (), cli_default: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that is also a CLI flag ``--name-with-dashes``.
 
     ``cli_type`` is what the command line gives when it is not the field's type, and ``parse``
-    turns it into the field's value (``--layers 2,15,27`` -> ``(2, 15, 27)``).
+    turns it into the field's value (``--layers 2,15,27`` -> ``(2, 15, 27)``; ``cli_default`` is
+    then the flag's default). ``choices``: the values the field takes; the flag's type is their
+    ``Literal``, so ``--help`` lists them and the parser refuses any other, and :func:`check_choices`
+    refuses them for library callers and recipes. ``flag``: the flag's name where it is not the
+    field's (the field keeps the library's and the recipes' name; the flag takes the word of the
+    vocabulary table in docs/cli.md). ``aliases``: old spellings that still work, hidden, with a
+    deprecation line.
     """
     meta = {"help": help, "short": short, "envvar": envvar, "metavar": metavar, "cli_type": cli_type,
-            "parse": parse}
+            "parse": parse, "choices": tuple(choices) if choices else None, "flag": flag, "aliases": tuple(aliases),
+            "cli_default": cli_default}
     if isinstance(default, list):  # a mutable default needs a factory
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An old spelling of a flag, kept working (hidden) for one minor version.
+
+    ``old`` is the spelling (``--data``, ``-d``); ``cli_type`` the type it parses when it is not the
+    new flag's (``--features offline|none`` -> ``--online``), and ``value`` maps its value to the
+    new flag's."""
+
+    old: str
+    cli_type: Any = None
+    value: Callable[[Any], Any] | None = None
+
+
+def flag_of(cls, name: str) -> str:
+    """``--flag`` of field ``name`` of ``cls``: the name users type, for messages."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}.get(name, {})
+    return "--" + (meta.get("flag") or name).replace("_", "-")
+
+
+def check_choices(opts, error: type[Exception] = OptionError) -> None:
+    """Refuse a field whose value is not one of its ``choices`` (the CLI's parser already refuses
+    them; library callers and recipes get the same words)."""
+    for f in dataclasses.fields(opts):
+        choices = f.metadata.get("choices")
+        value = getattr(opts, f.name)
+        if choices and value is not None and value not in choices:
+            raise error(f"{flag_of(type(opts), f.name)} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def internal(default: Any) -> Any:
@@ -71,8 +115,8 @@ class TargetOptions:
 
     model: str | None = option(None, "Target model: a Hub id or a local folder.", short="-m")
     revision: str | None = option(None, "Hub revision (branch, tag or commit) of the target.")
-    dtype: str = option("auto", "auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
-                                "fast path bf16 on a CPU with AMX, checked exact at start-up).")
+    dtype: str = option("auto", "What the target computes in (auto: bf16 on GPU, fp32 on CPU; for eval's greedy "
+                                "fast path bf16 on a CPU with AMX, checked exact at start-up).", choices=DTYPES)
     device: str | None = option(None, "cpu, cuda, cuda:1 ... (default: cuda if available; under accelerate "
                                       "launch, each process's own).")
     load_in_8bit: bool = option(False, "Load the target 8-bit with bitsandbytes.")
@@ -90,6 +134,8 @@ def target_options(opts: TargetOptions) -> dict:
 
 
 # ---------------------------------------------------------------------------------- gen-data
+
+FEATURES = ("offline", "none")  # what a store holds: target features, or tokens and masks only
 
 
 def parse_layer_ids(text: str | None) -> tuple[int, ...] | None:
@@ -123,11 +169,11 @@ def json_object(text: str) -> dict | None:
 class GenDataOptions(TargetOptions):
     """``eagle3 gen-data``'s settings (gen_data.run takes the target as a separate TargetSpec)."""
 
-    data: str = option(REQUIRED, "Hub dataset id, a preset (sharegpt, ultrachat, gsm8k, alpaca, openhermes, ...) "
-                                 "or a local .json/.jsonl/.parquet file.", short="-d")
+    data: str = option(REQUIRED, "Conversations: a Hub dataset id, a preset (sharegpt, ultrachat, gsm8k, alpaca, "
+                                 "openhermes, ...) or a local .json/.jsonl/.parquet file.", flag="dataset",
+                       aliases=(Alias("--data"), Alias("-d")))
     out: Path = option(Path("eagle3-data"), "Output folder (the feature store).", short="-o")
-    format: str | None = option(None, "Force the row format: sharegpt|messages|alpaca|turns|prompt "
-                                      "(default: detected).")
+    format: str | None = option(None, "Force the row format (default: detected).", choices=ROW_FORMATS)
     split: str | None = option(None, "Dataset split (Hub sources).")
     subset: str | None = option(None, "Dataset config/subset (Hub sources).")
     streaming: bool = option(False, "Stream a Hub dataset instead of downloading it.")
@@ -145,21 +191,25 @@ class GenDataOptions(TargetOptions):
     max_new_tokens: int = option(512, "Longest regenerated answer (tokens).")
     temperature: float = option(0.0, "0 = greedy.")
     top_p: float = option(1.0, "Nucleus sampling (with --temperature > 0).")
-    regen_dtype: str = option("auto", "auto|bfloat16|float16|float32: what local regeneration computes in (auto: "
+    regen_dtype: str = option("auto", "What local regeneration computes in (auto: "
                                       "bfloat16 for an fp32 target on a CPU with AVX512-BF16 or AMX, 1.3-1.8x faster there; else "
-                                      "--dtype's). Features are captured at --dtype.")
+                                      "--dtype's). Features are captured at --dtype.", choices=DTYPES)
     system: str | None = option(None, "Set this system prompt on every conversation (\"\" removes them).")
-    reasoning: str | None = option(None, "keep|drop: a reasoning target's conversations. The target regenerates with "
+    reasoning: str | None = option(None, "A reasoning target's conversations. The target regenerates with "
                                          "thinking on (enable_thinking=True to the template); keep: every turn's "
                                          "thinking is learned, one sample per turn in the context it was written "
                                          "in; drop: one sample as the template renders it, earlier turns' thinking "
-                                         "dropped from history. Default: the template's own default.")
+                                         "dropped from history. Default: the template's own default.",
+                                   choices=("keep", "drop"))
     last_turn_only: bool = option(False, "Learn only the last assistant turn of each conversation (earlier turns are "
                                          "context).")
     chat_template: str | None = option(None, "Jinja chat template file, for tokenizers without one (or to "
                                              "override it).", cli_type=Path, parse=str)
-    features: str = option("offline", "offline: store target features; none: tokens and masks only (online "
-                                      "training).")
+    features: str = option("offline", "Store tokens and masks only, no target features: `eagle3 train --online` "
+                                      "runs the target each batch instead (default: features stored, offline "
+                                      "training).", choices=FEATURES, flag="online", cli_type=bool,
+                           cli_default=False, parse=lambda online: "none" if online else "offline",
+                           aliases=(Alias("--features", cli_type=Literal[FEATURES], value=lambda v: v == "none"),))
     layers: tuple[int, ...] | None = option(None, "Override the three layer ids j (hidden_states[j]), e.g. "
                                                   "2,15,27.", cli_type=str, parse=_layer_ids)
     max_length: int = option(2048, "Truncate conversations to this many tokens (counted).")
@@ -170,7 +220,7 @@ class GenDataOptions(TargetOptions):
                                              "it with --allow-incomplete.")
     shard: str | None = option(None, "Process only part i of n (e.g. 0/4), for manual multi-node splits; "
                                      "accelerate launch splits by rank by itself.")
-    feature_dtype: str = option("bfloat16", "bfloat16|float16 for stored features.")
+    feature_dtype: str = option("bfloat16", "What stored features are kept in.", choices=("bfloat16", "float16"))
     overwrite: bool = option(False, "Replace an existing output instead of refusing.")
     dry_run: bool = option(False, "Load and check the data, print the disk estimate, write nothing.")
     strict: bool = option(False, "Fail on the first bad row instead of skipping it.")
@@ -178,7 +228,7 @@ class GenDataOptions(TargetOptions):
     skip_disk_check: bool = option(False, "Run even when the disk estimate exceeds the free space (the estimate "
                                           "is an upper bound with regeneration).")
     engine: str = option("hf", "What captures the features: hf (a forward in this process) or vllm (vLLM's "
-                               "extract_hidden_states, run by --vllm-python; docs/data.md).")
+                               "extract_hidden_states, run by --vllm-python; docs/data.md).", choices=("hf", "vllm"))
     vllm_python: str | None = option(None, "Python of the environment with vLLM (default: this one).",
                                      envvar="EAGLE3_VLLM_PYTHON")
     tensor_parallel_size: int = option(1, "--engine vllm: vLLM's tensor parallelism.")
@@ -192,6 +242,40 @@ class GenDataOptions(TargetOptions):
     # share (the quickstart); off by default: a changed thread count can move a near-tie of the
     # regenerated answers, and a resumed store is otherwise bit-identical to an uninterrupted one.
     adapt_threads: bool = internal(False)
+
+    def validate(self, error: type[Exception] = OptionError):
+        """Refuse flag values that cannot run, before any model or data is loaded (the checks that
+        need the target's own files, --engine vllm's, are gen_data.check_engine_options). ``error``: the
+        class raised, for the library's callers (gen_data raises its GenDataError)."""
+        check_choices(self, error)
+        for name in ("batch_size", "max_new_tokens", "concurrency", "capture_tokens", "shard_size"):
+            if getattr(self, name) < 1:
+                raise error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_length < 2:
+            raise error(f"--max-length must be at least 2, got {self.max_length}")
+        if not (0 <= self.temperature < float("inf")):  # "not": NaN fails every comparison
+            raise error(f"--temperature must be 0 (greedy) or positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise error(f"--top-p must lie in (0, 1], got {self.top_p}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise error(f"--max-minutes must be a positive number of minutes, got {self.max_minutes}")
+        if self.endpoint and not self.regenerate:
+            raise error("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise error("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
+        if self.engine == "hf":
+            # (--vllm-python is not refused here: $EAGLE3_VLLM_PYTHON may be set for every run)
+            if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1 or self.vllm_args:
+                raise error("--tensor-parallel-size, --pipeline-parallel-size and --vllm-args are options of "
+                                  "--engine vllm")
+        else:
+            if self.features != "offline":
+                raise error("--engine vllm captures features: --online stores tokens only and needs no engine")
+            if self.regenerate and not self.endpoint:
+                raise error("--engine vllm captures features; regenerate through --endpoint (e.g. `vllm serve` "
+                                  "of the same target) or keep the dataset's answers with --no-regenerate")
+        if not self.dry_run:
+            check_out_dir(self.out, "--out")
 
 
 # ---------------------------------------------------------------------------------- eval
@@ -225,31 +309,36 @@ class EvalOptions(TargetOptions):
     draft: str = option(REQUIRED, "Draft directory (config.json + model.safetensors).", short="-d")
     task: list[str] = option(["mt_bench"], "mt_bench, gsm8k, humaneval, alpaca, sum, or a .jsonl turns file; "
                                            "repeatable.", short="-t")
-    data: str | None = option(None, "Local turns file (JSONL with 'turns') for the task.")
+    data: str | None = option(None, "Prompts file (JSONL with 'turns') for the one --task.", flag="prompts",
+                              aliases=(Alias("--data"),))
     out: Path = option(Path("eval_out"), "Folder for results.json and results.png.", short="-o")
-    limit: int | None = option(None, "Evaluate only the first N prompts of each task.")
+    limit: int | None = option(None, "Evaluate only the first N prompts of each task.", flag="num_prompts",
+                               aliases=(Alias("--limit"),))
     max_minutes: float | None = option(None, "Start no prompt that would end past this many minutes from the "
                                              "start (judged by the prompts measured; at least one is): the "
                                              "results cover the prompts done and say where they stopped.")
-    max_new_tokens: int = option(512, "")
+    max_new_tokens: int = option(512, "Longest answer per turn (tokens), for both decodings.")
     temperature: float = option(0.0, "0 = greedy (checked token for token).")
-    top_p: float = option(1.0, "")
+    top_p: float = option(1.0, "Nucleus sampling (with --temperature > 0).")
     sampling_top_k: int = option(0, "Top-k filter of the sampling distribution (0 = off).")
-    mode: str = option("tree", "tree (EAGLE-2 dynamic tree) or chain.")
+    mode: str = option("tree", "tree (EAGLE-2 dynamic tree) or chain.", choices=("tree", "chain"))
     tree: str | None = option(None, f"auto (measured on this hardware) or TOTAL,DEPTH[,TOPK]; default "
                                     f"{GPU_TREE} on a GPU, {CPU_TREE} on a CPU.")
-    steps: int = option(3, "Chain mode: drafted tokens per cycle.")
-    baseline: str | None = option(None, "prompt-lookup: add HF prompt-lookup decoding.")
-    seed: int = option(0, "")
-    fast: str = option("auto", "auto|on|off: verify through the fast path (static cache, packed matmuls; "
+    steps: int = option(3, "Chain mode (and the engines): drafted tokens per cycle.", flag="chain_length",
+                        aliases=(Alias("--steps"),))
+    baseline: str | None = option(None, "prompt-lookup: add HF prompt-lookup decoding.", choices=("prompt-lookup",))
+    seed: int = option(0, "Seed for sampled decoding (with --temperature > 0).")
+    fast: str = option("auto", "Verify through the fast path (static cache, packed matmuls; "
                                "Llama/Mistral/Qwen2/Qwen3, greedy) where it applies, and measure plain decoding on "
-                               "it too; speedup is against the faster plain decoding.")
-    draft_weights: str = option("auto", "auto|full|int8|int4: store the drafter's matmul weights as integers "
+                               "it too; speedup is against the faster plain decoding.", choices=("auto", "on", "off"))
+    draft_weights: str = option("auto", "Store the drafter's matmul weights as integers "
                                         "(CPU weight-only kernels; only proposals change, decoding stays lossless). "
                                         "auto: int4 where the draft steps in bf16 beside a bf16 target, else full (with fp32 "
-                                        "inputs the integer kernels are slower than full weights).")
+                                        "inputs the integer kernels are slower than full weights).",
+                                choices=("auto", "full", "int8", "int4"))
     engine: str = option("eagle3", "eagle3 (our generator), llama.cpp or vllm: also measure the draft in "
-                                   "llama-server or vLLM (chain of --steps, greedy), beside our numbers.")
+                                   "llama-server or vLLM (chain of --chain-length, greedy), beside our numbers.",
+                         choices=EVAL_ENGINES)
     engine_only: bool = option(False, "With --engine llama.cpp|vllm: skip our generator.")
     llama_cpp: Path | None = option(None, "Where llama-server is (or a llama.cpp tree with build/bin); default: "
                                           "$EAGLE3_LLAMA_CPP, then PATH.", metavar="DIR")
@@ -257,7 +346,7 @@ class EvalOptions(TargetOptions):
                                       metavar="FILE")
     draft_gguf: Path | None = option(None, "The draft as GGUF (default: exported into OUT/gguf).", metavar="FILE")
     engine_threads: int | None = option(None, "llama.cpp -t, vLLM's OMP_NUM_THREADS (default: their own).")
-    engine_p_min: float = option(0.0, "llama.cpp --spec-draft-p-min (0: always draft --steps tokens, as chain "
+    engine_p_min: float = option(0.0, "llama.cpp --spec-draft-p-min (0: always draft --chain-length tokens, as chain "
                                       "mode).")
     # --engine vllm (eagle3cli/evaluate/vllm_eval.py): the interpreter of the environment that has vLLM.
     vllm_python: str | None = option(None, "--engine vllm: the python of the environment with vLLM (default: "
@@ -265,29 +354,23 @@ class EvalOptions(TargetOptions):
 
     def validate(self):
         """Refuse flag values that cannot run, before any model is loaded."""
+        check_choices(self)
         self._check_engine()
-        if self.mode not in ("tree", "chain"):
-            raise OptionError(f"--mode must be tree or chain, got {self.mode!r}")
-        if self.baseline not in (None, "prompt-lookup"):
-            raise OptionError(f"--baseline must be prompt-lookup, got {self.baseline!r}")
         if not self.temperature >= 0 or not 0 < self.top_p <= 1:  # "not >=": NaN is refused too
             raise OptionError("--temperature must be >= 0 and --top-p in (0, 1]")
         if self.max_new_tokens < 1 or self.steps < 1:
-            raise OptionError("--max-new-tokens and --steps must be at least 1")
+            raise OptionError("--max-new-tokens and --chain-length must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise OptionError(f"--num-prompts must be at least 1, got {self.limit}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise OptionError(f"--max-minutes must be a positive number of minutes, got {self.max_minutes}")
-        if self.fast not in ("auto", "on", "off"):
-            raise OptionError(f"--fast must be auto, on or off, got {self.fast!r}")
-        if self.draft_weights not in ("auto", "full", "int8", "int4"):
-            raise OptionError(f"--draft-weights must be auto, full, int8 or int4, got {self.draft_weights!r}")
         if self.data and len(self.task) != 1:
-            raise OptionError("--data gives the prompts of one task; pass a single --task with it")
+            raise OptionError("--prompts gives the prompts of one task; pass a single --task with it")
         check_out_dir(self.out, "--out")  # before any prompt is run: results are written last
-        self.tree_shape()
+        if self.tree is not None:  # (its default depends on the device: torch, imported later)
+            parse_tree(self.tree)
 
     def _check_engine(self):
-        if self.engine not in EVAL_ENGINES:
-            raise OptionError(f"--engine must be {', '.join(EVAL_ENGINES[:-1])} or {EVAL_ENGINES[-1]}, got {self.engine!r}")
         if self.engine_only and self.engine == "eagle3":
             raise OptionError("--engine-only needs --engine llama.cpp or vllm")
         if self.engine != "eagle3" and self.temperature != 0:

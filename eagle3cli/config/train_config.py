@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import yaml
 
 from ..core.errors import Eagle3Error, OptionError
-from .options import TargetOptions, option
+from .options import Alias, TargetOptions, check_choices, flag_of, option
 
 # model_type (config.json) -> recipe name.
 FAMILIES = {
@@ -43,6 +43,7 @@ AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length",
                 "eval_new_tokens")
 OPTIMIZERS = ("adamw", "muon")
 KEEP = ("last", "best")
+VARIANTS = ("eagle3", "eagle3.1")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -61,7 +62,8 @@ class TrainConfig(TargetOptions):
     # trust_remote_code) come from TargetOptions, shared with gen-data and eval.
     SHOWN_DEFAULTS: ClassVar[dict] = {"model": "the store's target"}  # what train --help says for None
     # --- what to train on ---
-    data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.")
+    data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.", flag="store",
+                          aliases=(Alias("--data"),))
     out: str = _f("eagle3-draft", "Output folder: the final draft, checkpoints/ and logs.")
     chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
@@ -69,18 +71,20 @@ class TrainConfig(TargetOptions):
     allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
     init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
                                      "instead of random weights; its layers must match the store's.")
-    init_vocab: str = _f("keep", "With --init-from: 'keep' its vocabulary (d2t, t2d, lm_head as they are) or "
-                                 "'new' (built from this store; lm_head rows of shared tokens copied).")
+    init_vocab: str = _f("keep", "With --init-from: keep its vocabulary (d2t, t2d, lm_head as they are) or "
+                                 "new (built from this store; lm_head rows of shared tokens copied).",
+                         choices=("keep", "new"))
     loss_on: str = _f("answers", "Positions the loss scores: answers (the store's loss mask, the assistant's "
                                  "tokens) or all (every token: the teacher is the target's own distribution "
                                  "wherever it stands, so prompt positions teach the same function). Held-out "
-                                 "metrics always score answers.")
+                                 "metrics always score answers.", choices=LOSS_ON)
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
     # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
     variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
-                                "target stream before fc, and norm_output, the normed output fed to the next step).")
+                                "target stream before fc, and norm_output, the normed output fed to the next step).",
+                      choices=VARIANTS)
     norm_before_fc: bool = _f(False, "One RMSNorm over the concatenated target streams before fc (input_norm; "
                                      "vLLM/SGLang norm_before_fc). Not with --variant eagle3.1 (it has fc_norm).")
     norm_before_residual: bool = _f(False, "The residual around the draft's attention is hidden_norm(g) instead of g "
@@ -111,7 +115,8 @@ class TrainConfig(TargetOptions):
     lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
     optimizer: str = _f("adamw", "adamw, or muon: torch's Muon (Newton-Schulz orthogonalised momentum, its update "
                                  "scaled to AdamW's RMS so --lr carries over) for the 2-D weights inside the draft "
-                                 "(fc, attention, MLP); the LM head and the norms stay on AdamW.")
+                                 "(fc, attention, MLP); the LM head and the norms stay on AdamW.",
+                        choices=OPTIMIZERS)
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
     min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -126,7 +131,8 @@ class TrainConfig(TargetOptions):
                                  "export are reserved for.")
     mixed_precision: str = _f("auto", "bf16: compute under bf16 autocast (fp32 master weights and teacher); no: "
                                       "fp32. auto: bf16 on a GPU and on a CPU with AMX or AVX512-BF16 (1.6x fp32's "
-                                      "tokens per CPU-second there: docs/benchmarks.md), fp32 on other CPUs.")
+                                      "tokens per CPU-second there: docs/benchmarks.md), fp32 on other CPUs.",
+                              choices=MIXED_PRECISION)
     max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
     seed: int = _f(0, "Seed for initialisation, split and batch order.")
     val_fraction: float = _f(0.02, "Share of conversations held out and evaluated each epoch.")
@@ -139,13 +145,16 @@ class TrainConfig(TargetOptions):
     # --- acceptance measured during training (train_eval.py) ---
     eval_every: int = _f(0, "Every N optimizer steps and at the end, decode a few held-out prompts with the draft "
                             "(chain 3, greedy, lossless) and log the measured tau beside the simulated one (0: off).")
-    eval_prompts: str | None = _f(None, "With --eval-every: a JSONL file of {\"turns\": [...]} records (the format "
-                                        "`eagle3 eval --data` reads) whose first turns are decoded, instead of the "
-                                        "store's held-out conversations.")
-    eval_samples: int = _f(4, "With --eval-every: how many prompts are decoded.")
-    eval_new_tokens: int = _f(64, "With --eval-every: tokens decoded per prompt.")
+    eval_prompts: str | None = _f(None, "With --eval-every: a prompts file, JSONL of {\"turns\": [...]} records (what "
+                                        "`eagle3 eval --prompts` reads), whose first turns are decoded instead of "
+                                        "the store's held-out conversations.", flag="prompts",
+                                  aliases=(Alias("--eval-prompts"),))
+    eval_samples: int = _f(4, "With --eval-every: how many prompts are decoded.", flag="num_prompts",
+                           aliases=(Alias("--eval-samples"),))
+    eval_new_tokens: int = _f(64, "With --eval-every: tokens decoded per prompt.", flag="max_new_tokens",
+                              aliases=(Alias("--eval-new-tokens"),))
     keep: str = _f("last", "The draft exported at the end: last (the final weights) or best (the measured step with "
-                           "the highest measured tau; needs --eval-every).")
+                           "the highest measured tau; needs --eval-every).", choices=KEEP)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -154,11 +163,14 @@ class TrainConfig(TargetOptions):
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self) -> list[str]:
+    def validate(self, alone: bool = False) -> list[str]:
         """Refuse flag values that cannot train, before anything is loaded; returns the
-        --report-to tracker names (each known and installed)."""
-        if self.data is None:
-            raise TrainError("--data is required (a folder written by `eagle3 gen-data`)")
+        --report-to tracker names (each known and installed). ``alone``: only the checks of each
+        value by itself (the train command runs them on its flags before it reads a recipe, a
+        store or the target's config; the combinations are checked once the recipe is in)."""
+        check_choices(self, TrainError)
+        if self.data is None and not alone:
+            raise TrainError("--store is required (a folder written by `eagle3 gen-data`)")
         for name in FLOAT_SETTINGS:
             if not math.isfinite(getattr(self, name)):
                 raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
@@ -166,12 +178,9 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {self.lr:g}")
         for name in AT_LEAST_ONE:
             if getattr(self, name) < 1:
-                raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+                raise TrainError(f"{flag_of(TrainConfig, name)} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.val_fraction < 1:
             raise TrainError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
-        if self.mixed_precision not in MIXED_PRECISION:
-            raise TrainError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, got "
-                             f"{self.mixed_precision!r}")
         if not 0 <= self.accept_loss <= 1:
             raise TrainError(f"--accept-loss must lie in [0, 1] (a share of the loss), got {self.accept_loss:g}")
         if self.feature_noise < 0:
@@ -181,18 +190,14 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--max-minutes must be 0 (no limit) or more, got {self.max_minutes:g}")
         if self.ttt_warmup < 0:
             raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
-        if self.loss_on not in LOSS_ON:
-            raise TrainError(f"--loss-on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise TrainError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.eval_every < 0:
             raise TrainError(f"--eval-every must be 0 (off) or a number of optimizer steps, got {self.eval_every}")
-        if self.keep not in KEEP:
-            raise TrainError(f"--keep must be one of {', '.join(KEEP)}, got {self.keep!r}")
+        if self.eval_prompts and not Path(self.eval_prompts).is_file():
+            raise TrainError(f"--prompts {self.eval_prompts}: no such file")
+        if alone:
+            return check_trackers(self.report_to)
         if self.keep == "best" and not self.eval_every:
             raise TrainError("--keep best needs --eval-every N: the steps whose measured tau it compares")
-        if self.eval_prompts and not Path(self.eval_prompts).is_file():
-            raise TrainError(f"--eval-prompts {self.eval_prompts}: no such file")
         if (self.load_in_8bit or self.load_in_4bit) and not self.online:
             raise TrainError("--load-in-8bit/--load-in-4bit only apply to --online training "
                              "(offline training uses the stored features)")
@@ -242,13 +247,10 @@ def coerce(key: str, value: Any, source: str) -> Any:
         raise OptionError(f"{source}: {key} must be of type {want.__name__}, got {value!r}") from None
 
 
-VARIANTS = ("eagle3", "eagle3.1")
-
 
 def draft_options(cfg: TrainConfig) -> dict[str, bool]:
     """The DraftConfig architecture options of ``cfg`` (``--variant`` and the two norm flags)."""
-    if cfg.variant not in VARIANTS:
-        raise OptionError(f"--variant must be one of {', '.join(VARIANTS)}, got {cfg.variant!r}")
+    check_choices(cfg)
     v31 = cfg.variant == "eagle3.1"
     if v31 and cfg.norm_before_fc:
         raise OptionError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "

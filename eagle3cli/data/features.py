@@ -14,7 +14,7 @@ rather than per sample):
     final      bf16|fp16 [T, Ht]     hidden_states[N] (final-normed), for teacher logits
     count_ids, count_values int64    token frequencies over loss-masked tokens (sparse)
 
-``aux``/``final`` are absent for ``--features none`` stores (online training). Shards are
+``aux``/``final`` are absent for ``--online`` stores (gen-data's) (online training). Shards are
 written to a temporary name and renamed, so a shard file that exists is complete.
 
 This module owns the store's whole contract (docs/design.md §9): the format constant, the

@@ -354,15 +354,7 @@ class Pipeline:
         from ..model.target import load_config
 
         o = self.opts
-        if o.features not in ("offline", "none"):
-            raise GenDataError(f"--features must be offline or none, got {o.features!r}")
-        if o.feature_dtype not in ("bfloat16", "float16"):
-            raise GenDataError(f"--feature-dtype must be bfloat16 or float16, got {o.feature_dtype!r}")
-        if o.shard_size < 1 or o.max_length < 2:
-            raise GenDataError("--shard-size must be >= 1 and --max-length >= 2")
-        if o.endpoint and not o.regenerate:
-            raise GenDataError("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
-        check_generation_options(o)
+        o.validate(GenDataError)  # every flag alone (the command ran it too, before any import)
         check_engine_options(o, self.spec)
         if not o.dry_run:
             check_out_dir(o.out, "--out")
@@ -430,12 +422,12 @@ class Pipeline:
 
         o = self.opts
         if not is_vision_language(self.config):
-            raise GenDataError(f"--data has conversations with images and {self.spec.model} is not a vision-language "
+            raise GenDataError(f"--dataset has conversations with images and {self.spec.model} is not a vision-language "
                                "model: use its image-text-to-text target or text conversations")
         if o.regenerate:
             raise GenDataError("conversations with images keep the dataset's answers: pass --no-regenerate")
         if o.features != "offline" or o.engine != "hf":
-            raise GenDataError("conversations with images need their features captured here (--features offline "
+            raise GenDataError("conversations with images need their features captured here (no --online, "
                                "--engine hf): the image tokens' states come from the vision tower")
         try:
             return load_processor(self.spec)
@@ -787,23 +779,9 @@ class Pipeline:
         self.throughput = dict(rate, seconds=time.perf_counter() - rate["t0"])
 
 
-def check_generation_options(o: GenDataOptions):
-    """Generation settings that would fail (or loop) only after the model is loaded."""
-    for name in ("batch_size", "max_new_tokens", "concurrency", "capture_tokens"):
-        if getattr(o, name) < 1:
-            raise GenDataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
-    if not (0 <= o.temperature < float("inf")):  # "not": NaN fails every comparison
-        raise GenDataError(f"--temperature must be 0 (greedy) or positive, got {o.temperature}")
-    if not 0 < o.top_p <= 1:
-        raise GenDataError(f"--top-p must lie in (0, 1], got {o.top_p}")
-    if o.max_minutes is not None and not o.max_minutes > 0:
-        raise GenDataError(f"--max-minutes must be a positive number of minutes, got {o.max_minutes}")
-
-
 def check_engine_options(o: GenDataOptions, spec):
-    """--engine vllm: what it can do (capture features of a local, unquantised, unadapted target)."""
-    if o.engine not in ("hf", "vllm"):
-        raise GenDataError(f"--engine must be hf or vllm, got {o.engine!r}")
+    """--engine vllm on this target: a local, unquantised, unadapted one (the flags alone are
+    GenDataOptions.validate's)."""
     if o.engine == "hf":
         # (--vllm-python is not refused here: $EAGLE3_VLLM_PYTHON may be set for every run)
         if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args:

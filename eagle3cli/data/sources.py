@@ -37,7 +37,7 @@ from ..core.errors import Eagle3Error
 
 FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")
 
-# Usual corpora -> (Hub id, subset, split). Resolved only when --data names the preset.
+# Usual corpora -> (Hub id, subset, split). Resolved only when --dataset names the preset.
 PRESETS: dict[str, tuple[str, str | None, str]] = {
     "sharegpt": ("Aeala/ShareGPT_Vicuna_unfiltered", None, "train"),
     "ultrachat": ("HuggingFaceH4/ultrachat_200k", None, "train_sft"),
@@ -449,7 +449,7 @@ def raw_rows(data: str, split: str | None = None, subset: str | None = None,
             return _dataset_rows(ds, path.name), str(path)
         raise SourceError(f"{path}: unsupported file type {suffix or '(none)'}; use .json, .jsonl or .parquet")
     if suffix in (".json", ".jsonl", ".parquet") or data.startswith((".", "/", "~")):
-        raise SourceError(f"--data {data}: no such file")
+        raise SourceError(f"--dataset {data}: no such file")
     hub_id = data
     if data.lower() in PRESETS:
         hub_id, preset_subset, preset_split = PRESETS[data.lower()]

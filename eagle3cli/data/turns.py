@@ -1,4 +1,4 @@
-"""The prompt files ``eagle3 eval --data`` and ``train --eval-prompts`` read: JSONL records of
+"""The prompt files ``eagle3 eval --prompts`` and ``train --prompts`` read: JSONL records of
 ``{"question_id", "category", "turns": [...]}`` (the EAGLE reference's format). One parser, so
 both commands read a file alike and refuse a bad one with the same line."""
 

@@ -80,7 +80,7 @@ def _bundled(task: str) -> Path | None:
 
 
 def load_task(task: str, data: str | None = None, limit: int | None = None) -> tuple[str, list[Prompt]]:
-    """(task name, prompts) from --data FILE, a file path given as TASK, or the Hub."""
+    """(task name, prompts) from --prompts FILE, a file path given as TASK, or the Hub."""
     if data:
         return task, load_turns_file(data, limit, task)
     if Path(task).suffix in (".jsonl", ".json") or Path(task).is_file():
@@ -99,7 +99,7 @@ def load_task(task: str, data: str | None = None, limit: int | None = None) -> t
         if bundled is not None:  # shipped with the package (licence permitting): works offline
             return task, load_turns_file(bundled, limit, task)
         raise EvalError(f"could not load {task} from the Hub ({repo}: {type(e).__name__}); "
-                        f"pass --data FILE with a local turns file") from None
+                        f"pass --prompts FILE with a local turns file") from None
     out = []
     for i, r in enumerate(ds):
         pid, cat, turns = row(r, i)

@@ -652,9 +652,7 @@ def init_from(draft: Eagle3Draft, vocab, counts: torch.Tensor, cfg, target_confi
 
     from ..model.vocab import DraftVocab
 
-    mode = getattr(cfg, "init_vocab", "keep") or "keep"
-    if mode not in ("keep", "new"):
-        raise FormatError(f"--init-vocab must be keep or new, got {mode!r}")
+    mode = getattr(cfg, "init_vocab", "keep") or "keep"  # keep or new: TrainConfig.validate checked it
     src, note = read_draft(cfg.init_from, target_config=target_config, dtype=torch.float32)
     for line in note.lines():
         say and say(f"init-from: {line}")

@@ -333,7 +333,7 @@ def export_gguf(draft_dir, out_dir, outtype: str = "f32", target_dir=None, targe
     conv = find_converter(llama_cpp) if target_dir is not None else None
     if with_target:
         if target_dir is None:
-            raise GGUFExportError("--with-target converts the target's HF folder: pass --target DIR")
+            raise GGUFExportError("--with-target converts the target's HF folder: pass --model DIR")
         if conv is None:
             raise _no_converter(llama_cpp)
         files["target"], w = convert_target(target_dir, out / f"target-{outtype}.gguf", outtype, llama_cpp, log)
@@ -348,7 +348,7 @@ def export_gguf(draft_dir, out_dir, outtype: str = "f32", target_dir=None, targe
         raise _no_converter(llama_cpp)
     else:
         raise GGUFExportError("pass --target-gguf FILE (the target's GGUF, for its tokenizer), "
-                              "or --target DIR with --llama-cpp DIR (llama.cpp's converter)")
+                              "or --model DIR with --llama-cpp DIR (llama.cpp's converter)")
     return files, warnings
 
 

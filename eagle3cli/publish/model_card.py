@@ -38,7 +38,7 @@ def llamacpp_command(repo: str, gguf_files=()) -> str:
     """llama-server with the draft as a GGUF (the repo's draft-TYPE.gguf, or one made by eagle3 export-gguf)."""
     name = sorted(gguf_files)[0] if gguf_files else "draft-f32.gguf"
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
-           f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --target TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
+           f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
     return (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max 3")
 
 

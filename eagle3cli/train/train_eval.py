@@ -7,9 +7,9 @@ sees the target's own features at every step; at decode time it sees its own out
 rank checkpoints less well than a decode does. ``--eval-every N`` measures every N optimizer steps
 and at the end; ``--keep best`` exports the weights of the step whose measured tau was highest.
 
-    prompts   the first --eval-samples held-out conversations of the store, each cut before its
+    prompts   the first --num-prompts held-out conversations of the store, each cut before its
               first answer token (the chat template's generation prompt included), or the first
-              turns of an --eval-prompts file (the EAGLE JSONL format `eagle3 eval --data` reads)
+              turns of a --prompts file (the EAGLE JSONL format `eagle3 eval --prompts` reads)
     tau       sum of decoded tokens / sum of verification forwards over the prompts, as
               `eagle3 eval` computes it (evaluate.summarize)
 """
@@ -54,7 +54,7 @@ def store_prompts(store, indices: list[int], count: int, max_length: int) -> lis
 def file_prompts(path: str, tokenizer, count: int) -> list[torch.Tensor]:
     """Prompt ids [1, L] of the first turns of the first ``count`` records of a JSONL file of
     ``{"turns": [...]}`` records, under the tokenizer's chat template (as `eagle3 eval` encodes)."""
-    records = load_turns_file(path, count, error=lambda msg: TrainError(f"--eval-prompts {msg}"))
+    records = load_turns_file(path, count, error=lambda msg: TrainError(f"--prompts {msg}"))
     return [encode(tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in records]
 
 
@@ -103,7 +103,7 @@ class AcceptanceProbe:
             prompts = store_prompts(store, val_idx, cfg.eval_samples, crop)
             if not prompts:
                 raise TrainError("--eval-every decodes held-out prompts, and this run holds none out: set "
-                                 "--val-fraction above 0 or pass --eval-prompts FILE")
+                                 "--val-fraction above 0 or pass --prompts FILE")
         target = (online_target if cfg.online else load_target(spec)) if main else None
         say(f"measured acceptance: {len(prompts)} prompts x {cfg.eval_new_tokens} new tokens, chain {CHAIN_STEPS}, "
             f"every {cfg.eval_every} steps and at the end"

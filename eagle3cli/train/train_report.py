@@ -134,7 +134,7 @@ def trained_on(src: dict) -> tuple[str | None, list[str]]:
 
 
 def hub_datasets(data: str | None) -> list[str]:
-    """The Hub id of gen-data's --data when it was one (or a preset); [] for a local file."""
+    """The Hub id of gen-data's --dataset when it was one (or a preset); [] for a local file."""
     from ..data.sources import PRESETS
 
     if not isinstance(data, str):

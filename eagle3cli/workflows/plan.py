@@ -149,7 +149,7 @@ def conversations_for(m: Measurements, f: PlanFlags, regenerate: bool, steps: in
 
 
 def _sized(m: Measurements, f: PlanFlags, regenerate: bool, conversations: int) -> tuple[int, int]:
-    """(conversations, steps) from a conversation count, --samples / --steps winning."""
+    """(conversations, steps) from a conversation count, --max-samples / --max-steps winning."""
     if f.samples is not None and f.steps is not None:
         return f.samples, f.steps
     if f.steps is not None:
@@ -206,7 +206,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     n, steps = _sized(m, f, regenerate, max(1, _fit(m, f, regenerate, room)))
     seconds = {"measure": fixed.pop("measure"), **stage_seconds(m, f, regenerate, n, steps), **fixed}
     plan = Plan(regenerate, n, steps, int(steps * f.ttt_warmup_share), prompts, seconds)
-    given = [x for x, v in (("--samples", f.samples), ("--steps", f.steps)) if v is not None]
+    given = [x for x, v in (("--max-samples", f.samples), ("--max-steps", f.steps)) if v is not None]
     epochs = f"{EPOCHS_REGENERATED} epochs" if regenerate else "each read once"
     plan.reasons = [
         f"data: {why}",
@@ -217,7 +217,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
         + f" = {minutes_text(plan.total_s)} of the {f.budget_min:g}-minute budget",
     ]
     if plan.total_s > budget:
-        plan.reasons.append(f"note: {' and '.join(given) or '--eval-prompts'} make the run longer than --budget "
+        plan.reasons.append(f"note: {' and '.join(given) or '--num-prompts'} make the run longer than --budget "
                             f"{f.budget_min:g}")
     return plan
 

@@ -280,8 +280,8 @@ def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: b
 
 
 def _minutes(planned: dict | None, stage: str, started: float) -> float | None:
-    """The stage's time limit (plan.stage_minutes); None where the user fixed its size (--samples
-    and --steps both, --steps for training, --eval-prompts for eval)."""
+    """The stage's time limit (plan.stage_minutes); None where the user fixed its size (--max-samples
+    and --max-steps both, --max-steps for training, --num-prompts for eval)."""
     from .plan import Measurements, Plan, PlanFlags, stage_minutes
 
     given = {"train": "steps", "eval": "eval_prompts"}
