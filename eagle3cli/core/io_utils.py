@@ -101,6 +101,12 @@ def _commit(tmp: Path, path: Path):
     os.replace(tmp, path)
 
 
+def replace_dir(tmp: Path, path: Path):
+    """Rename a finished temporary folder over ``path`` (for folders filled by several processes,
+    which :func:`atomic_dir` cannot wrap)."""
+    _commit(Path(tmp), Path(path))
+
+
 @contextmanager
 def atomic_path(path, mode: int | None = None):
     """Yield a temporary path for a writer that produces a file itself (safetensors, a GGUF
@@ -145,17 +151,31 @@ def write_json(path: Path, obj: dict, indent: int = 2):
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=indent, sort_keys=False) + "\n").encode())
 
 
-def save_safetensors(tensors: dict, path: Path, metadata: dict | None = None, mode: int | None = None,
-                     finish=None):
-    """``safetensors.torch.save_file`` to a temporary name, renamed into place once complete.
-    ``finish(tmp)`` may rewrite the file before the rename; ``mode`` defaults to what ``open()``
-    would give (safetensors itself writes 0600)."""
+def canonical_header(path: Path):
+    """Rewrite a safetensors header with sorted keys, in place and at the same length.
+
+    safetensors serialises ``__metadata__`` from a hash map, so its key order changes from one
+    call to the next; sorting it makes a file's bytes a function of its content alone (a resumed
+    or repeated run then writes files bit-identical to an uninterrupted one).
+    """
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        canon = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+        if len(canon) <= n:
+            f.seek(8)
+            f.write(canon + b" " * (n - len(canon)))
+
+
+def save_safetensors(tensors: dict, path: Path, metadata: dict | None = None, mode: int | None = None):
+    """``safetensors.torch.save_file`` to a temporary name, its header made canonical, renamed into
+    place once complete. ``mode`` defaults to what ``open()`` would give (safetensors itself
+    writes 0600)."""
     from safetensors.torch import save_file
 
     with atomic_path(path, default_file_mode() if mode is None else mode) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-        if finish is not None:
-            finish(tmp)
+        canonical_header(tmp)
 
 
 class _RecordingFile(io.FileIO):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from bisect import bisect_right
 from collections import Counter
@@ -38,11 +37,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from ..core.errors import Eagle3Error
 # They lived here; still importable from this module (gen_data and trainer do).
-from ..core.io_utils import atomic_write_bytes, default_file_mode, write_json  # noqa: F401
+from ..core.io_utils import atomic_write_bytes, default_file_mode, ensure_dir, save_safetensors, write_json  # noqa: F401
 
 FORMAT = "eagle3-features"  # manifest "format" and every shard's safetensors metadata
 MANIFEST = "manifest.json"
@@ -174,7 +172,7 @@ def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bflo
     """Write one shard atomically. Each sample: input_ids [T], loss_mask [T], sample_id,
     and optionally aux [T,3Ht] and final [T,Ht]."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     lengths = [int(s["input_ids"].numel()) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
     offsets[1:] = torch.tensor(lengths, dtype=torch.long).cumsum(0)
@@ -193,28 +191,9 @@ def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bflo
     if samples and "aux" in samples[0]:
         tensors["aux"] = torch.cat([s["aux"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
         tensors["final"] = torch.cat([s["final"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT,
-                                                                                    "version": str(FORMAT_VERSION)})
-    _canonical_header(tmp)
-    os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a store is often shared by a team
-    os.replace(tmp, path)
-
-
-def _canonical_header(path: Path):
-    """Rewrite a safetensors header with sorted keys, in place and at the same length.
-
-    safetensors serialises ``__metadata__`` from a hash map, so its key order changes from one
-    process to the next; sorting it makes a shard's bytes a function of its content alone
-    (a resumed run then writes files bit-identical to an uninterrupted one).
-    """
-    with open(path, "r+b") as f:
-        n = int.from_bytes(f.read(8), "little")
-        raw = f.read(n)
-        canon = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
-        if len(canon) <= n:
-            f.seek(8)
-            f.write(canon + b" " * (n - len(canon)))
+    # The store is often shared by a team: the file gets open()'s mode, not safetensors' 0600.
+    save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path,
+                     metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
 
 
 # ---------------------------------------------------------------- fingerprints

@@ -34,8 +34,8 @@ from .chat_mask import (
 from .chat_mask import last_turn_only as last_turn_only_mask
 from ..core.hf_utils import eos_token_ids, text_config
 from .features import (
-    MANIFEST, SHARD_DIR, content_hash, data_fingerprint, file_sha256, finished_shards, new_manifest, shard_name,
-    shard_problem, write_json, write_manifest, write_shard)
+    MANIFEST, SHARD_DIR, content_hash, data_fingerprint, ensure_dir, file_sha256, finished_shards, new_manifest,
+    shard_name, shard_problem, write_json, write_manifest, write_shard)
 from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from .sources import Conversation, images_of, load_conversations, with_system
@@ -290,7 +290,7 @@ def prepare_out(out: Path, settings: dict, overwrite: bool, rank: int, world: in
             if mpath.exists():
                 mpath.unlink()
         return "overwrite"
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out)
     return "new"
 
 
@@ -306,7 +306,7 @@ def _read_regenerated(path: Path) -> tuple[list[Conversation | None], dict]:
 def _write_regenerated(path: Path, convs: list[Conversation], results: list, stats: dict):
     from .features import atomic_write_bytes
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     write_json(path.with_suffix(".stats.json"), stats)  # first: a .jsonl that exists has its stats
     lines = []
     for c, msgs in zip(convs, results):
@@ -621,7 +621,7 @@ class Pipeline:
             "end_token_ids": sorted(ends), "unlearned_answers": unlearned, "regeneration": {k: v for k, v in (regen_stats or {}).items()
                                                              if k != "rejected"} or None,
         }
-        (self.out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.out / SHARD_DIR)
         write_json(path.with_suffix(".json"), stats)  # last: its existence marks the shard finished
         return stats
 

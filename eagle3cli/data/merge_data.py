@@ -201,21 +201,19 @@ def _place(src: Path, dst: Path, link: bool):
             return
         raise MergeError(f"{dst} already exists and differs from {src}: it is never replaced; remove it or "
                          "choose an empty OUT")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        if not link:
-            raise OSError
-        os.link(src, tmp)
-    except OSError:  # other filesystem, or a copy was asked for
-        shutil.copyfile(src, tmp)
-        shutil.copymode(src, tmp)
-    if tmp.stat().st_size != src.stat().st_size:
-        tmp.unlink()
-        raise MergeError(f"copying {src} to {dst} wrote {tmp.stat().st_size} bytes: check the disk and run the "
-                         "same merge-data command again")
-    os.replace(tmp, dst)
+    from ..core.io_utils import atomic_path
+
+    with atomic_path(dst) as tmp:
+        try:
+            if not link:
+                raise OSError
+            os.link(src, tmp)
+        except OSError:  # other filesystem, or a copy was asked for
+            shutil.copyfile(src, tmp)
+            shutil.copymode(src, tmp)
+        if tmp.stat().st_size != src.stat().st_size:
+            raise MergeError(f"copying {src} to {dst} wrote {tmp.stat().st_size} bytes: check the disk and run the "
+                             "same merge-data command again")
 
 
 def _files_of(sh: Shard) -> list[Path]:
@@ -247,7 +245,9 @@ def merge(out: Path, sources: list[Path], move: bool = False, say=print) -> dict
     base["skipped"] = reading_skips(first, first_shards or [])
     base["merged_from"] = [str(s) for s in sources]
     planned = first["shards_planned"]
-    out.mkdir(parents=True, exist_ok=True)
+    from ..core.io_utils import ensure_dir
+
+    ensure_dir(out)
     write_manifest(out, dict(base), planned)  # incomplete until every shard is in: a rerun finishes it
     copied = 0
     for i, sh in sorted(chosen.items()):

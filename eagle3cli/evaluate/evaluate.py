@@ -752,16 +752,20 @@ def plot(results: dict, path: Path) -> Path | None:
     if any_alpha:
         axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from ..core.io_utils import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:  # a fault part-way leaves the earlier plot, never half a PNG
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
 def write_results(results: dict, out_dir: str | Path) -> tuple[Path, Path | None]:
-    from ..core.io_utils import write_json
+    from ..core.io_utils import ensure_dir, write_json
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(out_dir)
     write_json(out / "results.json", results)
     return out / "results.json", plot(results, out / "results.png")
 

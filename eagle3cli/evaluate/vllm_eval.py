@@ -163,9 +163,9 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
     """
     from .evaluate import encode
 
-    out = Path(out) if out is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    from ..core.io_utils import ensure_dir, writing
+
+    out = ensure_dir(out) if out is not None else None
     if target_config is not None:
         check_target(target_config)
     draft_dir, converted = serving_draft(draft, out or Path("."), target_config, log)
@@ -183,7 +183,10 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
 
     def worker(draft_path):
         name = "vllm-spec.log" if draft_path else "vllm-plain.log"
-        fh = open(out / name, "w") if out is not None else None
+        fh = None
+        if out is not None:
+            with writing(out / name):
+                fh = open(out / name, "w")
         return VllmDecoder(python, {**base, "draft": str(draft_path) if draft_path else None}, log=fh), fh
 
     plain = {task: Tally() for task, _ in loaded}

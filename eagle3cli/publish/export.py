@@ -7,17 +7,15 @@ config with one layer plus the EAGLE-3 keys; the safetensors names carry no ``mo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import Eagle3Error
 from .draft_check import (DIGEST_KEY, CorruptDraft, config_problems, read_weights, tensor_problems,
                           weights_digest)
-from ..core.io_utils import default_file_mode, write_json
+from ..core.io_utils import ensure_dir, save_safetensors, write_json
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -149,14 +147,11 @@ def engine_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16, metadat
 
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = None,
                dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write config.json + model.safetensors (atomically, file by file)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write config.json + model.safetensors (atomically, file by file: a failed write leaves
+    each file as it was). The weights get open()'s mode: a published draft is world-readable."""
+    out = ensure_dir(out_dir)
     tensors = exported_state_dict(draft, dtype)
-    tmp = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata=weights_metadata(tensors))
-    os.chmod(tmp, default_file_mode())  # safetensors writes 0600; a published draft is world-readable
-    tmp.replace(out / WEIGHTS)
+    save_safetensors(tensors, out / WEIGHTS, metadata=weights_metadata(tensors))
     config = engine_config(draft.config, dtype, metadata)
     write_json(out / CONFIG, config)
     return out

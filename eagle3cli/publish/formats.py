@@ -30,7 +30,6 @@ draft repository is ever run; a file that needs more is refused with one line na
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTION_WEIGHTS, OPTIONAL_WEIGHTS,
     REQUIRED_WEIGHTS, WEIGHTS, check_draft, draft_config_from_json, draft_from_tensors, expected_shapes,
     exported_state_dict, options_from_json, save_draft)
-from ..core.io_utils import default_file_mode, write_json
+from ..core.io_utils import ensure_dir, save_safetensors, write_json
 from ..model.layers import default_layer_ids, num_layers
 
 FORMATS = {
@@ -490,7 +489,6 @@ def write_draft(draft: Eagle3Draft, out_dir: str | Path, to: str = "ours", metad
 
 
 def _write_speculators(draft: Eagle3Draft, out: Path, dtype, metadata, target_name, embed_known) -> Path:
-    from safetensors.torch import save_file
 
     from .export import DTYPE_NAMES, engine_config, weights_metadata
 
@@ -533,11 +531,8 @@ def _write_speculators(draft: Eagle3Draft, out: Path, dtype, metadata, target_na
         tensors.pop("d2t")
         tensors.pop("t2d")
     tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata=weights_metadata(tensors))
-    os.chmod(tmp, default_file_mode())
-    tmp.replace(out / WEIGHTS)
+    ensure_dir(out)
+    save_safetensors(tensors, out / WEIGHTS, metadata=weights_metadata(tensors))
     write_json(out / CONFIG, config)
     return out
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import Eagle3Error
+from ..core.io_utils import atomic_path
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCH = "eagle3"
@@ -149,18 +150,18 @@ def run_converter(model_dir, out_file, outtype: str = "f32", target_dir=None, ll
     if conv is None:
         raise _no_converter(llama_cpp)
     out = Path(out_file)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [python or sys.executable, "-c", SHIM, str(conv), str(model_dir), "--outtype", outtype,
-           "--outfile", str(out)]
-    if target_dir is not None:
-        cmd += ["--target-model-dir", str(target_dir)]
-    if log:
-        log("running " + " ".join(c if c != SHIM else "<shim>" for c in cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    text = proc.stderr + proc.stdout
-    if proc.returncode != 0 or not out.is_file():
-        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
-        raise GGUFExportError(f"convert_hf_to_gguf.py failed on {model_dir} (exit {proc.returncode}): {tail[0]}")
+    with atomic_path(out) as tmp:  # the converter writes a temporary name: a failed run leaves no GGUF
+        cmd = [python or sys.executable, "-c", SHIM, str(conv), str(model_dir), "--outtype", outtype,
+               "--outfile", str(tmp)]
+        if target_dir is not None:
+            cmd += ["--target-model-dir", str(target_dir)]
+        if log:
+            log("running " + " ".join(c if c != SHIM else "<shim>" for c in cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        text = proc.stderr + proc.stdout
+        if proc.returncode != 0 or not tmp.is_file():
+            tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+            raise GGUFExportError(f"convert_hf_to_gguf.py failed on {model_dir} (exit {proc.returncode}): {tail[0]}")
     warnings = [ln for ln in text.splitlines()
                 if "WARNING" in ln and not any(e in ln for e in EXPECTED_WARNINGS)]
     return out, warnings
@@ -261,59 +262,57 @@ def write_draft_gguf(draft_dir, target_gguf, out_file, outtype: str = "f32", nam
                               "pass --llama-cpp DIR")
 
     out = Path(out_file)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    w = gguf.GGUFWriter(str(tmp), ARCH)
-    w.add_type("model")
-    w.add_name(name or Path(draft_dir).resolve().name)
-    w.add_block_count(1)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(h)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_rope_freq_base(theta)
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    if cfg.get("head_dim") is not None:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    w.add_file_type(FILE_TYPES[outtype])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_rope_dimension_count(head_dim)
-    w.add_array(f"{ARCH}.target_layers", [int(i) for i in ids])
-    w.add_uint32(f"{ARCH}.target_hidden_size", int(cfg.get("target_hidden_size") or h))
-    w.add_bool(f"{ARCH}.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
-    w.add_bool(f"{ARCH}.norm_before_fc", options_from_json(cfg)["norm_before_fc"])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _copy_tokenizer(gguf, reader, w)
+    with atomic_path(out) as tmp:  # a fault part-way leaves no half-written GGUF
+        w = gguf.GGUFWriter(str(tmp), ARCH)
+        w.add_type("model")
+        w.add_name(name or Path(draft_dir).resolve().name)
+        w.add_block_count(1)
+        w.add_context_length(cfg["max_position_embeddings"])
+        w.add_embedding_length(h)
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_head_count(nh)
+        w.add_head_count_kv(nkv)
+        w.add_rope_freq_base(theta)
+        w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+        if cfg.get("head_dim") is not None:
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        w.add_file_type(FILE_TYPES[outtype])
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_rope_dimension_count(head_dim)
+        w.add_array(f"{ARCH}.target_layers", [int(i) for i in ids])
+        w.add_uint32(f"{ARCH}.target_hidden_size", int(cfg.get("target_hidden_size") or h))
+        w.add_bool(f"{ARCH}.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
+        w.add_bool(f"{ARCH}.norm_before_fc", options_from_json(cfg)["norm_before_fc"])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _copy_tokenizer(gguf, reader, w)
 
-    for src, dst in TENSOR_NAMES.items():
-        if src not in tensors or src == "d2t":
-            continue
-        t = tensors[src].to(torch.float32)
-        if src.endswith("q_proj.weight"):
-            t = _permute(t, nh)
-        elif src.endswith("k_proj.weight"):
-            t = _permute(t, nkv)
-        data = t.numpy()
-        qtype = _qtype(gguf, dst, data.ndim, outtype)
-        try:
-            packed = gguf.quants.quantize(data, qtype)
-        except gguf.QuantError:  # the converter's fallback for shapes Q8_0 cannot hold
-            qtype = gguf.GGMLQuantizationType.F16
-            packed = gguf.quants.quantize(data, qtype)
-        w.add_tensor(dst, packed, raw_dtype=qtype)
-    d2t = tensors["d2t"].to(torch.int64).numpy().reshape(-1)
-    absolute = d2t + np.arange(d2t.size, dtype=np.int64)
-    if np.any((absolute < 0) | (absolute >= cfg["vocab_size"])) or np.unique(absolute).size != absolute.size:
-        raise GGUFExportError(f"{draft_dir}: d2t maps outside the target vocabulary or twice to one token; "
-                              f"run `eagle3 inspect {draft_dir}`")
-    w.add_tensor("d2t", absolute, raw_dtype=gguf.GGMLQuantizationType.I64)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(out)
+        for src, dst in TENSOR_NAMES.items():
+            if src not in tensors or src == "d2t":
+                continue
+            t = tensors[src].to(torch.float32)
+            if src.endswith("q_proj.weight"):
+                t = _permute(t, nh)
+            elif src.endswith("k_proj.weight"):
+                t = _permute(t, nkv)
+            data = t.numpy()
+            qtype = _qtype(gguf, dst, data.ndim, outtype)
+            try:
+                packed = gguf.quants.quantize(data, qtype)
+            except gguf.QuantError:  # the converter's fallback for shapes Q8_0 cannot hold
+                qtype = gguf.GGMLQuantizationType.F16
+                packed = gguf.quants.quantize(data, qtype)
+            w.add_tensor(dst, packed, raw_dtype=qtype)
+        d2t = tensors["d2t"].to(torch.int64).numpy().reshape(-1)
+        absolute = d2t + np.arange(d2t.size, dtype=np.int64)
+        if np.any((absolute < 0) | (absolute >= cfg["vocab_size"])) or np.unique(absolute).size != absolute.size:
+            raise GGUFExportError(f"{draft_dir}: d2t maps outside the target vocabulary or twice to one token; "
+                                  f"run `eagle3 inspect {draft_dir}`")
+        w.add_tensor("d2t", absolute, raw_dtype=gguf.GGMLQuantizationType.I64)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return out
 
 

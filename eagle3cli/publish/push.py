@@ -18,7 +18,6 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Callable
 from rich.console import Console
 
 from ..core.errors import Eagle3Error
+from ..core.io_utils import atomic_dir, atomic_path, ensure_dir, write_text
 from .export import CONFIG, METADATA_KEY, WEIGHTS
 
 TRAINING_FILE = "eagle3_training.json"
@@ -149,7 +149,8 @@ def _link_or_copy(src: Path, dst: Path):
     try:
         os.link(src, dst)
     except OSError:
-        shutil.copy2(src, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copy2(src, tmp)
 
 
 def _is_local_path(value) -> bool:
@@ -191,14 +192,15 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
 
     card = render_card(public, repo_id, target, results, license=license,
                        gguf_files=[f"draft-{t}.gguf" for t in gguf.outtypes] if gguf else ())
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out)
     if public is config:
-        shutil.copyfile(draft / CONFIG, out / CONFIG)  # byte for byte: what inspect checked
+        with atomic_path(out / CONFIG) as tmp:
+            shutil.copyfile(draft / CONFIG, tmp)  # byte for byte: what inspect checked
     else:
         write_json(out / CONFIG, public)  # only the training record differs from what inspect checked
     _link_or_copy(draft / WEIGHTS, out / WEIGHTS)
-    (out / TRAINING_FILE).write_text(json.dumps(public.get(METADATA_KEY) or {}, indent=2) + "\n")
-    card.save(out / CARD)
+    write_text(out / TRAINING_FILE, json.dumps(public.get(METADATA_KEY) or {}, indent=2) + "\n")
+    write_text(out / CARD, str(card))  # what ModelCard.save writes
     if gguf:
         from .gguf_export import GGUFExportError, export_gguf
 
@@ -267,17 +269,11 @@ def dry_run(draft_dir, out_dir, repo_id: str, eval_results=(), license=None, bas
     """Write exactly the folder ``push`` would upload, and upload nothing."""
     note = dry_run_decision(draft_dir, out_dir)
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the destination, then swap: a failed build never leaves half a folder.
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to OUT_DIR
-    try:
+    # Built beside the destination, then swapped in (an earlier dry run of this draft, or an empty
+    # folder, is replaced): a failed build never leaves half a folder. Not mkdtemp: its 0700 mode
+    # would stick to OUT_DIR.
+    with atomic_dir(out) as tmp:
         files = build_folder(draft_dir, tmp, repo_id, eval_results, license, base_model, dataset_ids, gguf)
-        if out.exists():
-            shutil.rmtree(out)  # checked above: empty or an earlier dry run of this draft
-        tmp.replace(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return PushResult(repo_id=repo_id, folder=out, files=files, note=note)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 
 from ..model.draft import Eagle3Draft
 from ..core.errors import one_line
-from ..core.io_utils import write_json
+from ..core.io_utils import discard, ensure_dir, replace_dir, save_safetensors, save_torch, write_json, writing
 from ..config.train_config import TrainConfig, TrainError
 
 CHECKPOINTS = "checkpoints"
@@ -47,27 +46,28 @@ def trainable_state(draft: Eagle3Draft) -> dict:
 
 
 def save_checkpoint(acc, out: Path, draft, optimizer, scheduler, state: dict, keep: int):
-    """Write step-N atomically: a temp folder renamed into place once complete."""
-    from safetensors.torch import save_file
-
+    """Write step-N atomically: a temp folder renamed into place once complete. A write that
+    fails (full disk, read-only) removes the temp folder: the last complete step-N stays the one
+    --resume picks."""
     root = out / CHECKPOINTS
     final = root / f"step-{state['step']:08d}"
     tmp = root / f".tmp-step-{state['step']:08d}"
+    with writing(final, cleanup=tmp if acc.is_main_process else None):
+        if acc.is_main_process:
+            discard(tmp)
+            ensure_dir(tmp)
+        acc.wait_for_everyone()
+        save_torch({"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                   tmp / f"rng-{acc.process_index}.pt")
+        if acc.is_main_process:
+            save_safetensors(trainable_state(draft), tmp / "model.safetensors")
+            save_torch({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            write_json(tmp / "trainer_state.json", state)  # written last: marks the folder complete
+            replace_dir(tmp, final)
     if acc.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    acc.wait_for_everyone()
-    torch.save({"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-               tmp / f"rng-{acc.process_index}.pt")
-    if acc.is_main_process:
-        save_file(trainable_state(draft), str(tmp / "model.safetensors"))
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        write_json(tmp / "trainer_state.json", state)  # written last: marks the folder complete
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
         for old in checkpoint_dirs(out)[:-max(1, keep)]:
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
@@ -77,16 +77,13 @@ def save_checkpoint(acc, out: Path, draft, optimizer, scheduler, state: dict, ke
 def save_best(out: Path, draft, best: dict) -> Path:
     """checkpoints/best/: the draft's trainable weights and {step, tau}, replaced atomically (main
     process only). Kept apart from the step-N folders: --keep-checkpoints never prunes it."""
-    from safetensors.torch import save_file
+    from ..core.io_utils import atomic_dir
 
     root = out / CHECKPOINTS
-    final, tmp = root / BEST, root / f".tmp-{BEST}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(trainable_state(draft), str(tmp / "model.safetensors"))
-    write_json(tmp / "best.json", best)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    final = root / BEST
+    with atomic_dir(final, tmp=root / f".tmp-{BEST}") as tmp:
+        save_safetensors(trainable_state(draft), tmp / "model.safetensors")
+        write_json(tmp / "best.json", best)
     return final
 
 
@@ -162,6 +159,11 @@ def start_state(acc, out: Path, cfg: TrainConfig, draft, optimizer, scheduler, s
                              "resume with the same settings")
     state = load_checkpoint(acc, path, draft, optimizer, scheduler)
     if state["epoch"] >= cfg.epochs:
-        raise TrainError(f"{path} is the end of a finished run: nothing to resume")
+        # train_summary.json is written last, after the exported draft: without it the export was
+        # cut short (a full disk), and resuming writes it again from the last checkpoint.
+        if (out / "train_summary.json").is_file():
+            raise TrainError(f"{path} is the end of a finished run: nothing to resume")
+        say(f"resumed from {path} (step {state['step']}): training had finished; exporting the draft again")
+        return state
     say(f"resumed from {path} (step {state['step']})")
     return state

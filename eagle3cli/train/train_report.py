@@ -79,9 +79,9 @@ class RunLog:
     def write(self, rec: dict, step: int):
         if not self.acc.is_main_process:
             return
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / LOG, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        from ..core.io_utils import append_line
+
+        append_line(self.out / LOG, json.dumps(rec))
         if self.trackers:
             self.acc.log(flat_record(rec), step=step)
 

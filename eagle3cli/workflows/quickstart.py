@@ -262,7 +262,9 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
     for line in plan.reasons:
         log(f"plan: {line}")
     out = {**as_dict(m, plan), "flags": flags, "model": model}
-    saved.write_text(json.dumps(out, indent=1) + "\n")
+    from ..core.io_utils import write_text
+
+    write_text(saved, json.dumps(out, indent=1) + "\n")
     return out
 
 
@@ -308,7 +310,9 @@ def run(opts: QuickstartOptions, log=print, plan_only: bool = False) -> Quicksta
     model = _model(opts, log)
     base_model = _base_model(opts, model)
     lap("model")
-    opts.out.mkdir(parents=True, exist_ok=True)
+    from ..core.io_utils import ensure_dir
+
+    ensure_dir(opts.out)
     planned = _size(opts, model, started, log, plan_only)
     if planned is not None:
         lap("measure")
