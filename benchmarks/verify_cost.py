@@ -24,9 +24,8 @@ import time
 
 import torch
 
-from eagle3cli.evaluate.evaluate import hardware
 from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
-from eagle3cli.data.regenerate import has_bf16_matmul
+from eagle3cli.core.hardware import describe, has_bf16_matmul
 from eagle3cli.data.regen_rate import median_seconds
 from eagle3cli.model.target import TargetSpec, load_target
 
@@ -100,7 +99,7 @@ def main():
                 fast.decoder.repack(packing)
                 for n in sizes:
                     bf16[n].append(fast_ms(n))
-    print(f"model {args.model}  prefix {args.prefix}  {hardware()}  ({platform.node()})")
+    print(f"model {args.model}  prefix {args.prefix}  {describe()}  ({platform.node()})")
     print(f"fast path, one row: MKL packed for one {packed_one:.1f} ms, unpacked (F.linear) {unpacked_one:.1f} ms"
           + (f", oneDNN {lat[1][2]:.1f} ms" if onednn and 1 in lat else "")
           + "; every 'x one' divides by the fastest one-row forward")

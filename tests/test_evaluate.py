@@ -200,18 +200,18 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
 
 
 def test_eval_dtype_auto_takes_bf16_on_amx_cpus_for_greedy_fast_verification(monkeypatch):
-    from eagle3cli.decode import fast_target
+    from eagle3cli.core import hardware
     from eagle3cli.evaluate.evaluate import EvalConfig, eval_dtype
     from eagle3cli.model.target import TargetSpec
 
     greedy = EvalConfig(tasks=["mt_bench"])
-    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "has_amx_bf16", lambda: True)
     assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy) == "bfloat16"
     assert eval_dtype(TargetSpec(model="m", device="cpu", dtype="float32"), greedy) == "float32"  # asked for
     assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], fast="off")) == "auto"
     assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], temperature=0.7)) == "auto"
     assert eval_dtype(TargetSpec(model="m", device="cpu", load_in_8bit=True), greedy) == "auto"
-    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "has_amx_bf16", lambda: False)
     assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy) == "auto"
 
 
@@ -241,9 +241,10 @@ def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_ti
 
 
 def test_eval_dtype_auto_falls_back_to_fp32_when_bf16_is_not_exact(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
+    from eagle3cli.core import hardware
     from eagle3cli.decode import fast_target
 
-    monkeypatch.setattr(fast_target, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "has_amx_bf16", lambda: True)
     monkeypatch.setattr(fast_target, "row_invariant", lambda fast, rows, **kw: False)
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"

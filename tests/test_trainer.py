@@ -439,7 +439,7 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
 # ---- mixed precision -------------------------------------------------------------------------
 
 def test_mixed_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16():
-    from eagle3cli.decode.fast_target import cpu_has
+    from eagle3cli.core.hardware import cpu_has
     from eagle3cli.train.precision import mixed_precision
 
     assert mixed_precision("auto", cpu=True, native_bf16=False) == "no"

@@ -40,11 +40,11 @@ def evaluate(**flags):
 
 def _no_tasks(opts: EvalOptions) -> dict:
     """The results of a run without our generator: the settings llama-server ran with."""
-    from ..evaluate.evaluate import hardware
+    from ..core.hardware import describe
 
     settings = {"mode": "chain", "steps": opts.steps, "temperature": opts.temperature,
                 "max_new_tokens": opts.max_new_tokens}
-    return {"hardware": hardware(), "settings": settings, "tasks": {}, "per_category": []}
+    return {"hardware": describe(), "settings": settings, "tasks": {}, "per_category": []}
 
 
 def _run_ours(opts: EvalOptions, spec) -> dict:

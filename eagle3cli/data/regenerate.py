@@ -30,6 +30,7 @@ from typing import Callable
 
 from .chat_mask import render
 from ..core.errors import Eagle3Error
+from ..core.hardware import has_bf16_matmul
 
 
 @dataclass
@@ -40,14 +41,6 @@ class GenSettings:
     batch_size: int = 16
     max_length: int | None = None  # stop answering once the prompt alone reaches this many tokens
     dtype: str | None = None  # what local generation computes in (regen_dtype); None: the model's own
-
-
-def has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16, which every AMX-BF16 CPU also has):
-    oneDNN then runs torch's bf16 matmuls in hardware instead of converting to fp32."""
-    from ..decode.fast_target import cpu_has
-
-    return cpu_has("avx512_bf16")
 
 
 def regen_dtype(name: str, config, device: str, target_dtype, quantized: bool = False) -> str:

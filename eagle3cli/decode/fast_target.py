@@ -425,17 +425,6 @@ class FastTarget:
         self.v[:, :, dst] = self.v[:, :, src]
 
 
-def cpu_has(feature: str) -> bool:
-    """torch's own probe ``torch.cpu._is_<feature>_supported`` (False where this torch lacks it)."""
-    probe = getattr(torch.cpu, f"_is_{feature}_supported", None)
-    return bool(probe is not None and probe())
-
-
-def has_amx_bf16() -> bool:
-    """Whether this CPU has Intel's AMX tiles, where bf16 matmuls of 1-16 rows cost about one row's."""
-    return cpu_has("amx_tile")
-
-
 @torch.inference_mode()
 def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) -> bool:
     """Whether verifying ``rows`` tokens here gives bitwise the logits that decoding them one at a

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import Eagle3Error
+from ..core.hardware import describe
 from ..core.time_limit import TimeLimit, now
 from ..core.hf_utils import synchronize, text_config
 from ..data.turns import Prompt, encode
@@ -322,20 +322,6 @@ def check_draft(draft_dir: str, target_config):
         raise EvalError(f"draft {draft_dir} does not fit this target: {rep.problems[0]}{more}")
 
 
-def hardware() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
 def first_difference(a: list[int], b: list[int]) -> int:
     """Index of the first token where two outputs differ (the shorter length if one is a prefix)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -400,7 +386,7 @@ def eval_dtype(spec, cfg: EvalConfig) -> str:
     1.6x in fp32: docs/benchmarks.md, "Verification cost"), else what auto means for every command
     (bf16 on a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it
     fails, eval reloads the target in fp32."""
-    from ..decode.fast_target import has_amx_bf16
+    from ..core.hardware import has_amx_bf16
     from ..model.target import default_device
 
     if spec.dtype != "auto" or spec.load_in_8bit or spec.load_in_4bit or spec.gguf_file:
@@ -696,7 +682,7 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
 
     return {
         "eagle3_version": __version__,
-        "hardware": hardware(),
+        "hardware": describe(),
         "settings": {"mode": cfg.mode, "temperature": cfg.temperature, "top_p": cfg.top_p,
                      "sampling_top_k": cfg.sampling_top_k, "max_new_tokens": cfg.max_new_tokens,
                      "total_tokens": settings.total_tokens if cfg.mode == "tree" else None,

@@ -30,15 +30,6 @@ TOKEN_MULTIPLE = 64
 LENGTH_MULTIPLE = 16
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16 dot products), where
-    bf16 matmuls run 2.4x fp32's (AVX512-BF16 AMD) and a training step 1.6x; elsewhere oneDNN
-    emulates bf16 and it is slower than fp32."""
-    from ..decode.fast_target import cpu_has
-
-    return cpu_has("amx_tile") or cpu_has("avx512_bf16")
-
-
 def cpu_bf16_autocast(device: torch.device) -> bool:
     """Whether GEMMs on ``device`` run now under CPU bf16 autocast: when shapes must be few."""
     return (device.type == "cpu" and torch.is_autocast_enabled("cpu")

@@ -9,10 +9,10 @@ import os
 import torch
 
 from ..config.train_config import TrainConfig
+from ..core.hardware import native_bf16 as native_bf16_cpu
 from ..core.hf_utils import text_config
 from ..model.sharded_target import check_fsdp
 from ..model.target import TargetSpec
-from . import gemm_padding
 
 
 def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> str:
@@ -26,7 +26,7 @@ def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> st
         return name
     if not cpu:
         return "bf16"
-    return "bf16" if (gemm_padding.native_bf16_cpu() if native_bf16 is None else native_bf16) else "no"
+    return "bf16" if (native_bf16_cpu() if native_bf16 is None else native_bf16) else "no"
 
 
 def accelerator(cfg: TrainConfig, trackers: list[str]):

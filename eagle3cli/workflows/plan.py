@@ -19,6 +19,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..core import hardware
 from ..core.errors import Eagle3Error
 from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
 from ..core.threads import choose_threads
@@ -266,16 +267,6 @@ def as_dict(m: Measurements, p: Plan) -> dict:
 # ---------------------------------------------------------------------------------- measuring
 
 
-def cpu_class() -> str:
-    from ..decode.fast_target import cpu_has
-
-    for name, feature in (("AMX", "amx_tile"), ("AVX512-BF16", "avx512_bf16"), ("AVX-512", "avx512"),
-                          ("AVX2", "avx2")):
-        if cpu_has(feature):
-            return name
-    return "no AVX2"
-
-
 def train_step_seconds(model, layer_ids, max_tokens: int, ttt_steps: int, accept_loss: float,
                        draft_vocab: int = 8192) -> tuple[float, float]:
     """(full unroll, one TTT step) seconds of one offline training step of ``max_tokens`` tokens:
@@ -389,7 +380,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     step_s, warm_s = train_step_seconds(model, layers, max_tokens, ttt_steps, accept_loss)
     decode_s = decode_token_seconds(model)
     answer, stored, text = data_lengths(load_tokenizer(spec), sample, max_new_tokens, max_length)
-    return Measurements(cpu=cpu_class() if device == "cpu" else device, threads=threads, threads_note=why,
+    return Measurements(cpu=hardware.cpu_class() if device == "cpu" else device, threads=threads, threads_note=why,
                         regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward, step_s=step_s,
                         warmup_step_s=warm_s, decode_token_s=decode_s, load_s=load_s,
                         spent_s=time.perf_counter() - started, answer_tokens=answer, regenerated_tokens=stored,
