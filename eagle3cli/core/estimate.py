@@ -13,8 +13,7 @@ from typing import Iterable, Sequence
 
 # Continuous batching generates at this share of its bound, one full decode step of all its slots:
 # prefills and a batch that thins out at the end of a shard cost the rest. Measured with
-# benchmarks/regen_throughput.py on 2 AMD EPYC cores: 0.59 in fp32, 0.76 in bf16
-# (docs/benchmarks.md, "Regeneration and capture").
+# benchmarks/regen_throughput.py (docs/benchmarks.md, "Regeneration and capture").
 REGEN_SHARE_OF_BOUND = {"bfloat16": 0.76, "float32": 0.59}
 
 

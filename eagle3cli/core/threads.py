@@ -1,8 +1,8 @@
 """One thread or all of them: whichever runs faster on these cores right now.
 
 On cores that another job also uses, torch's OpenMP threads wait for each other at every op: a
-32 x 576 x 1,536 matmul that takes 0.5 ms on two quiet cores took 47 ms on two threads beside
-one other single-threaded job, against 0.7 ms on one thread (AVX512-BF16 AMD). The stall comes
+decode-sized matmul can take many times longer on two threads than on one (docs/benchmarks.md,
+"Threads on shared cores"). The stall comes
 and goes with the other job's scheduling, so a probe compares the *mean* of interleaved rounds
 (a median hides exactly the stalls that cost the time), and long work probes again as it goes
 (the quickstart before each stage and between gen-data's shards): a job that starts beside it

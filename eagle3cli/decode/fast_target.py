@@ -21,7 +21,7 @@ tree path moves those few entries into place (``keep``) instead of rebuilding ev
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
 one copy for every row count; ``tune_packing`` measures which is faster on this CPU. With bf16
-weights (on AMX CPUs a verification of 16 rows then costs 1.36x one row, against 1.68x in fp32)
+weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
 the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
 so that verifying is bitwise one-token decoding (``attention_dtype``, ``row_invariant``).
 
@@ -104,8 +104,8 @@ class Linear:
         """Whether ``weight`` packs for ``key`` here, on a CPU: MKL's packed GEMM (an int key; fp32)
         or oneDNN's prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL; fp32,
         or bf16 where oneDNN has bf16 kernels). Unpacked, a bf16 matmul reorders its weight into
-        oneDNN's blocked layout on every call: prepacked, SmolLM2's plain decoding costs 58 ms a token
-        against 71 on two AMX cores (docs/benchmarks.md, "Verification cost")."""
+        oneDNN's blocked layout on every call, which prepacking saves (docs/benchmarks.md,
+        "Verification cost")."""
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
         if key == ONEDNN:
@@ -256,8 +256,7 @@ class Decoder:
         self.embed_mult = getattr(self.base, "embedding_multiplier", None)
         self.logits_div = getattr(cfg, "logits_scaling", None) if cfg.model_type == "granite" else None
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
-        # of a vocab-sized matrix is as slow as the layers' (a 4-row verification: 1.58x one token with
-        # the head unpacked, 1.17x packed, fp32 on an AMX Xeon).
+        # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, "Verification cost").
         self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
 
     def linears(self) -> list[Linear]:
@@ -298,12 +297,12 @@ def attention_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> t
     anyway: eval then compares with HF generate as in fp32). On a CPU, float64 under bf16/fp16
     weights, so that a verification decodes exactly what one-token
     decoding decodes. oneDNN's bf16 matmuls of SmolLM2's shapes are row-invariant on an AMX Xeon (a
-    row's result does not depend on how many rows share the call: none of 91M elements differs),
+    row's result does not depend on how many rows share the call),
     but attention in low precision is not: its reductions over the keys round differently with the
-    key count and the tree mask, which moves bf16 logits by up to 0.6 (docs/benchmarks.md, session
-    12) and flips near-ties. In float64 the differences (~1e-16) vanish when the output is rounded
+    key count and the tree mask, which moves bf16 logits enough to flip near-ties
+    (docs/benchmarks.md, "Verification cost"). In float64 the differences (~1e-16) vanish when the output is rounded
     back to bf16. Row-invariance of the matmuls is the CPU library's, shape by shape (a 64x64 one
-    differs in 7 of 204,800 elements there), so ``row_invariant`` checks the whole forward at start-up.
+    is not there), so ``row_invariant`` checks the whole forward at start-up.
     """
     low = dtype in (torch.bfloat16, torch.float16)
     return torch.float64 if low and torch.device(device).type == "cpu" else dtype
@@ -365,7 +364,7 @@ class FastTarget:
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
-        # attention, 0.4 ms less a 17-row bf16 verification on an AMX Xeon)
+        # attention, and less time per verification)
         attn_mask = None if mask is None else self._additive(mask)
         masks = self._window_masks(mask, positions, past, n) if self.layout.windowed else None
         hidden = {}
@@ -493,9 +492,8 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
 
     Which prepacked GEMM wins is the CPU's, so it is measured at start-up. MKL's packed GEMM is
     specialised for its row count and its speed is not monotonic in it: on one Xeon 3 rows packed
-    for 3 cost 2.4x one token where 3 rows unpacked cost 1.15x and packed for 4, 1.30x; there
-    oneDNN's prepacked linear was slower than MKL's, while on an AMD EPYC it verifies 8 rows of
-    SmolLM2's matmuls at 1.06x one row against MKL's 1.57x (docs/benchmarks.md). So: unpacked, MKL
+    for 3 cost more than 3 rows unpacked or packed for 4, and oneDNN's prepacked linear lost to
+    MKL's, while on an AMD EPYC oneDNN's wins (docs/benchmarks.md, "Verification cost"). So: unpacked, MKL
     packed for ``rows`` or padded up to a multiple of 4, oneDNN; then one row, served as that
     choice serves it, by MKL packed for one, or by oneDNN (the plain baseline must get the
     fastest too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts

@@ -9,8 +9,8 @@ from ..config.train_config import TrainConfig
 from ..core import host_memory
 from ..model.draft import DraftConfig
 
-# (--recompute auto). Recomputing costs a few percent of CPU time (1.01-1.02x per token), keeping
-# them their bytes: 5.8 GB for a 0.5B target at the defaults (docs/benchmarks.md, "Memory").
+# (--recompute auto). Recomputing costs a few percent of CPU time, keeping them their bytes: several
+# GB for a 0.5B target at the defaults (docs/benchmarks.md, "Memory").
 RECOMPUTE_ABOVE = 1 << 30
 
 
@@ -29,9 +29,9 @@ def large_step(cfg: TrainConfig, dcfg: DraftConfig) -> bool:
 
 
 def fix_host_memory(cfg: TrainConfig, dcfg: DraftConfig, device, say) -> None:
-    """On a large CPU step, have glibc give freed tensors back (host_memory): about 1 GB of such a
-    step's peak is freed tensors it keeps. It costs about 8% more CPU time, so small runs keep
-    glibc's default."""
+    """On a large CPU step, have glibc give freed tensors back (host_memory): a large part of such a
+    step's peak is freed tensors it keeps. It costs some CPU time (docs/benchmarks.md, "Memory"),
+    so small runs keep glibc's default."""
     if device.type == "cpu" and large_step(cfg, dcfg):
         note = host_memory.return_freed_tensors()
         if note:

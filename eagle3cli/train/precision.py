@@ -18,8 +18,8 @@ from ..model.target import TargetSpec
 def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> str:
     """--mixed-precision resolved: auto is bf16 on a GPU and on a CPU that multiplies bf16 in
     hardware (AMX or AVX512-BF16: ``native_bf16``, probed when None), fp32 on other CPUs. There
-    fp32 training already runs at 85-100% of the fp32 matmul peak and bf16 autocast gives 1.6x the
-    tokens per CPU-second at the same loss (docs/benchmarks.md); the unroll pads its GEMMs to a few
+    fp32 training already runs near the fp32 matmul peak and bf16 autocast gives more tokens per
+    CPU-second at the same loss (docs/benchmarks.md, "Training throughput"); the unroll pads its GEMMs to a few
     shapes under it (gemm_padding), else oneDNN's per-shape bf16 kernels grow resident memory
     through a run. Without those instructions bf16 is emulated and slower than fp32."""
     if name != "auto":
