@@ -140,6 +140,25 @@ def write_tiny_gguf(path, seed=0, tied=True):
     return path
 
 
+
+def test_a_failed_fetch_is_one_line_naming_the_install_command(tmp_path, monkeypatch):
+    """Without PyPI the wheel cannot be fetched: the error says which command installs it by hand."""
+    import subprocess
+
+    ran = []
+
+    def no_pypi(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fake-pkg-xyz==1.0")
+
+    monkeypatch.setattr(rm.subprocess, "run", no_pypi)
+    with pytest.raises(rm.RealModelError) as e:
+        rm.package_file(("fake-pkg-xyz", "1.0", "fake_pkg_xyz"), "data/file.bin", cache_dir=tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and "`pip install --no-deps fake-pkg-xyz==1.0`" in msg
+    assert "No matching distribution" in msg
+    assert ran[0][1:5] == ["-m", "pip", "download", "--no-deps"] and ran[0][-1] == "fake-pkg-xyz==1.0"
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.Q.gguf")

