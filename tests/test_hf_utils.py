@@ -33,8 +33,14 @@ def test_old_names_are_thin_aliases():
     assert features.default_file_mode is io_utils.default_file_mode
 
 
-def test_synchronize_is_a_no_op_on_the_cpu():
+def test_synchronize_waits_for_cuda_devices_only(monkeypatch):
+    """Timings wait for queued CUDA work on that device; on the CPU there is nothing to wait for."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
     hf_utils.synchronize(torch.device("cpu"))
+    assert waited == []
+    hf_utils.synchronize(torch.device("cuda", 1))
+    assert waited == [torch.device("cuda", 1)]
 
 
 def test_write_json_is_atomic(tmp_path):
