@@ -3,4 +3,4 @@
 The package is a library first; ``eagle3cli.cli`` is a thin typer layer over it.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
