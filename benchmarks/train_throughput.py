@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.data.features import shard_name, write_json, write_shard
+from eagle3cli.core.io_utils import write_json
+from eagle3cli.data.features import shard_name, write_shard
 from eagle3cli.model.layers import choose_layers
 from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.data.chat_mask import template_hash

@@ -82,7 +82,7 @@ def test_manifest_contract(full_run, smol_tiny_dir):
     assert man["target"]["id"] == str(smol_tiny_dir) and len(man["target"]["content_hash"]) == 64
     assert store.token_counts(49152).sum() == man["num_masked_tokens"]
     # shards get the umask's mode like any other file (safetensors alone would leave 0600)
-    from eagle3cli.data.features import default_file_mode
+    from eagle3cli.core.io_utils import default_file_mode
 
     assert {p.stat().st_mode & 0o777 for p in (out / "shards").glob("*.safetensors")} == {default_file_mode()}
     assert default_file_mode() != 0o600

@@ -1,8 +1,6 @@
 import torch
 
-from eagle3cli.data import features
 from eagle3cli.core import hf_utils, io_utils
-from eagle3cli.model import layers
 from eagle3cli.decode.generator import eos_ids
 from eagle3cli.train.setup import as_list
 
@@ -27,10 +25,6 @@ def test_old_names_are_thin_aliases():
     assert eos_ids(Model()) == {3, 4}
     assert eos_ids(Model(), eos_token_id=8) == {8}
     assert as_list(None) == [] and as_list(5) == [5] and as_list([4, 3]) == [3, 4]
-    assert layers.text_config is hf_utils.text_config
-    assert features.write_json is io_utils.write_json
-    assert features.atomic_write_bytes is io_utils.atomic_write_bytes
-    assert features.default_file_mode is io_utils.default_file_mode
 
 
 def test_synchronize_waits_for_cuda_devices_only(monkeypatch):

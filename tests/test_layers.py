@@ -2,7 +2,9 @@ import pytest
 import torch
 from tiny import ARCHS, tiny_config, tiny_model
 
-from eagle3cli.model.layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
+from eagle3cli.config.options import parse_layer_ids
+from eagle3cli.core.hf_utils import text_config
+from eagle3cli.model.layers import choose_layers, default_layer_ids
 from eagle3cli.model.target import capture
 
 

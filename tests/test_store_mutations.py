@@ -23,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from tiny import tiny_config
 
 from eagle3cli.core.errors import Eagle3Error
-from eagle3cli.data.features import (FeatureStore, check_complete, check_store, file_sha256, new_manifest,
-                                     shard_name, write_manifest, write_shard)
+from eagle3cli.core.io_utils import file_sha256
+from eagle3cli.data.features import (FeatureStore, check_complete, check_store, new_manifest, shard_name, write_manifest,
+                                     write_shard)
 from eagle3cli.data.merge_data import merge
 
 HT = 64  # the tiny llama's hidden size

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3cli.publish.export import METADATA_KEY, read_config
-from eagle3cli.data.features import shard_name, write_json, write_shard
+from eagle3cli.core.io_utils import write_json
+from eagle3cli.data.features import shard_name, write_shard
 from eagle3cli.data.features import content_hash
 from eagle3cli.publish.inspector import inspect_draft
 from eagle3cli.model.layers import default_layer_ids

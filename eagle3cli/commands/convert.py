@@ -31,7 +31,7 @@ def convert(
 
     from ..publish.formats import inspect_any
     from ..publish.formats import convert as run
-    from ..model.layers import parse_layer_ids
+    from ..config.options import parse_layer_ids
 
     dtypes = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     target_config = target = None

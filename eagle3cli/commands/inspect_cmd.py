@@ -41,7 +41,7 @@ def inspect(
         ("max positions", s.get("max_position_embeddings")),
     ]
     if target_config is not None:
-        from ..model.layers import text_config
+        from ..core.hf_utils import text_config
 
         rows.append((f"--model {model}: hidden / vocab", f"{text_config(target_config).hidden_size} / "
                      f"{text_config(target_config).vocab_size}"))

@@ -19,7 +19,9 @@ def layers(
     """Print the target's layer count and the three streams EAGLE-3 captures."""
     from rich.console import Console
 
-    from ..model.layers import choose_layers, default_layer_ids, parse_layer_ids, text_config
+    from ..config.options import parse_layer_ids
+    from ..core.hf_utils import text_config
+    from ..model.layers import choose_layers, default_layer_ids
     from ..model.target import TargetSpec, load_config
 
     # A bad target (TargetError) or --layers (OptionError) is one line at the CLI boundary.

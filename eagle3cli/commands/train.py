@@ -39,7 +39,7 @@ def _model_type(flags: dict) -> str | None:
             fail(f"--store {flags['data']} is not a feature store (no {MANIFEST}): run `eagle3 gen-data` first")
         return read_manifest(flags["data"]).model_type  # a garbled manifest: StoreError, one line
     if flags.get("model"):
-        from ..model.layers import text_config
+        from ..core.hf_utils import text_config
         from ..model.target import TargetSpec, load_config
 
         cfg = load_config(TargetSpec(model=flags["model"], revision=flags.get("revision"),  # TargetError: one line

@@ -13,6 +13,7 @@ Every commit goes through :func:`_commit`: the one place a fault is injected in 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -145,6 +146,15 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None):
 
 def write_text(path: Path, text: str):
     atomic_write_bytes(Path(path), text.encode("utf-8"))
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 16 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_json(path: Path, obj: dict, indent: int = 2):

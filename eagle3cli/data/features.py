@@ -39,8 +39,7 @@ import torch
 from safetensors import safe_open
 
 from ..core.errors import Eagle3Error
-# They lived here; still importable from this module (gen_data and trainer do).
-from ..core.io_utils import atomic_write_bytes, default_file_mode, ensure_dir, save_safetensors, write_json  # noqa: F401
+from ..core.io_utils import ensure_dir, file_sha256, save_safetensors, write_json
 
 FORMAT = "eagle3-features"  # manifest "format" and every shard's safetensors metadata
 MANIFEST = "manifest.json"
@@ -70,14 +69,6 @@ def sidecars(shard_dir: Path) -> dict[int, Path]:
         if m:
             found[int(m.group(2))] = p
     return found
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # A sidecar's fields (gen_data.process_shard) and their JSON types; every reader goes through read_sidecar.
@@ -563,7 +554,8 @@ def check_store(store: FeatureStore, target_config, *, online: bool, layers: str
     """Refuse a store made for another target, other layers or another chat template."""
     from .chat_mask import template_hash
     from ..core.hf_utils import text_config
-    from ..model.layers import num_layers, parse_layer_ids
+    from ..config.options import parse_layer_ids
+    from ..model.layers import num_layers
 
     m, root = store.meta, store.root
     if m.format != FORMAT or m.version != FORMAT_VERSION:

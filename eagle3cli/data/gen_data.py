@@ -33,10 +33,9 @@ from .chat_mask import (
     MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash, tokenize_conversation)
 from .chat_mask import last_turn_only as last_turn_only_mask
 from ..core.hf_utils import eos_token_ids, text_config
-from .features import (
-    MANIFEST, SHARD_DIR, content_hash, data_fingerprint, ensure_dir, file_sha256, finished_shards, new_manifest,
-    shard_name, shard_problem, write_json, write_manifest, write_shard)
-from .features import aggregate  # noqa: F401  (the store's contract lives in features; still importable here)
+from ..core.io_utils import ensure_dir, file_sha256, write_json
+from .features import (MANIFEST, SHARD_DIR, content_hash, data_fingerprint, finished_shards, new_manifest, shard_name,
+                       shard_problem, write_manifest, write_shard)
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from .sources import Conversation, images_of, load_conversations, with_system
 from ..core.progress import LogProgress
@@ -304,7 +303,7 @@ def _read_regenerated(path: Path) -> tuple[list[Conversation | None], dict]:
 
 
 def _write_regenerated(path: Path, convs: list[Conversation], results: list, stats: dict):
-    from .features import atomic_write_bytes
+    from ..core.io_utils import atomic_write_bytes
 
     ensure_dir(path.parent)
     write_json(path.with_suffix(".stats.json"), stats)  # first: a .jsonl that exists has its stats

@@ -41,7 +41,7 @@ import torch
 
 from ..core.errors import Eagle3Error
 from ..core.hf_utils import eos_token_ids, synchronize as _sync
-from ..model.layers import text_config
+from ..core.hf_utils import text_config
 from . import attention
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
 

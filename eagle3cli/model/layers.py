@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..core.errors import OptionError
-from ..core.hf_utils import text_config  # lived here; still importable from this module
-from ..config.options import parse_layer_ids  # a flag parser; importable from here too
+from ..core.hf_utils import text_config
 
 
 def num_layers(config) -> int:

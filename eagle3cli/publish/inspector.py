@@ -17,7 +17,8 @@ from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, read
 from .export import (
     CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTIONAL_WEIGHTS, WEIGHTS,
     expected_shapes, geometry, options_from_json, required_weights)
-from ..model.layers import default_layer_ids, num_layers, text_config
+from ..core.hf_utils import text_config
+from ..model.layers import default_layer_ids, num_layers
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 

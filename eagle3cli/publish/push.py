@@ -187,7 +187,7 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
     results = load_eval_results(eval_results, target, config)
     public = public_config(config, target, dataset_ids)
 
-    from ..data.features import write_json
+    from ..core.io_utils import write_json
     from .model_card import render_card
 
     card = render_card(public, repo_id, target, results, license=license,
@@ -216,7 +216,7 @@ def build_folder(draft_dir: str | Path, out_dir: str | Path, repo_id: str, eval_
 # ---------------------------------------------------------------- dry run
 
 def _sha256(path: Path) -> str:
-    from ..data.features import file_sha256
+    from ..core.io_utils import file_sha256
 
     return file_sha256(path)
 

@@ -39,7 +39,8 @@ from ..config.train_config import TrainConfig, TrainError
 from ..core.errors import check_out_dir
 from ..core.hf_utils import text_config
 from ..core.time_limit import now
-from ..data.features import FeatureStore, StoreError, check_complete, check_store, write_json
+from ..core.io_utils import write_json
+from ..data.features import FeatureStore, StoreError, check_complete, check_store
 from ..model import warm_start
 from ..model.draft import Eagle3Draft
 from ..model.sharded_target import fsdp_requested, no_sync, padded, prepare_draft, shard_target

@@ -21,7 +21,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from ..core.threads import adapt as adapt_threads
-from ..model.layers import text_config
+from ..core.hf_utils import text_config
 
 
 @dataclass
