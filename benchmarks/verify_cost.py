@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
 from eagle3cli.core.hardware import describe, has_bf16_matmul
 from eagle3cli.data.regen_rate import median_seconds
+from eagle3cli.decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
 from eagle3cli.model.target import TargetSpec, load_target
 
 

@@ -18,13 +18,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from families import family_model  # noqa: E402
+
 from eagle3cli.model import warm_start  # noqa: E402
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from eagle3cli.model.layers import default_layer_ids  # noqa: E402
 from eagle3cli.model.target import capture  # noqa: E402
 from eagle3cli.train.setup import TargetHead  # noqa: E402
 from eagle3cli.train.ttt import TTTModel, teacher_from_final  # noqa: E402
-from families import family_model  # noqa: E402
 
 FAMILIES = ("qwen2_moe", "deepseek_v3", "llama4_text")
 

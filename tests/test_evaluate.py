@@ -9,11 +9,11 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from eagle3cli.model.draft import DraftConfig, Eagle3Draft
-from eagle3cli.evaluate.evaluate import EvalError, choose_tree, load_task, load_turns_file
-from eagle3cli.publish.export import save_draft
 from eagle3cli.decode.generator import SpecOutput
+from eagle3cli.evaluate.evaluate import EvalError, choose_tree, load_task, load_turns_file
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.layers import default_layer_ids
+from eagle3cli.publish.export import save_draft
 
 runner = CliRunner()
 

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import available, family_config, family_model, save_family
+from tiny import SMOLLM2_TOKENIZER
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.core.hf_utils import text_config
 from eagle3cli.data.features import FeatureStore
-from eagle3cli.data.gen_data import GenDataOptions, run as gen_data
+from eagle3cli.data.gen_data import GenDataOptions
+from eagle3cli.data.gen_data import run as gen_data
 from eagle3cli.engines import engine_support
 from eagle3cli.model import warm_start
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft
@@ -31,8 +34,6 @@ from eagle3cli.model.target import TargetSpec, capture, lm_logits
 from eagle3cli.publish.export import draft_config_from_json, engine_config, read_tensors
 from eagle3cli.train.setup import TargetHead
 from eagle3cli.train.ttt import teacher_from_final
-from families import available, family_config, family_model, save_family
-from tiny import SMOLLM2_TOKENIZER
 
 FAMILIES = available()
 runner = CliRunner()

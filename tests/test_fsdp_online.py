@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from eagle3cli.config.train_config import TrainConfig
-from eagle3cli.config.train_config import TrainError
-from eagle3cli.train.trainer import train
 from test_trainer import build_store, peaky_target
+
+from eagle3cli.config.train_config import TrainConfig, TrainError
+from eagle3cli.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = dict(online=True, draft_vocab_size="256", ttt_steps=2, lr=3e-3, max_tokens=80, epochs=1, max_steps=3,

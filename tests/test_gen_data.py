@@ -15,8 +15,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eagle3cli.data.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
 from eagle3cli.cli import app
+from eagle3cli.data.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
 from eagle3cli.data.features import FeatureStore
 from eagle3cli.data.gen_data import GenDataError, GenDataOptions, bytes_per_token, run
 from eagle3cli.data.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta

@@ -32,7 +32,6 @@ def error_line(res) -> str:
 
 def test_fixtures_live_in_the_repository():
     from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
-
     from transformers import AutoTokenizer
 
     assert (REPO / "tests" / "fixtures" / "tokenizers") in SMOLLM2_TOKENIZER.parents
@@ -87,14 +86,14 @@ def test_a_bug_keeps_its_traceback(gen_data_raises, tmp_path):
 
 
 def test_every_user_error_class_shares_one_base():
-    from eagle3cli.data.chat_mask import NoChatTemplate
+    from eagle3cli.config.train_config import TrainError
     from eagle3cli.core.errors import Eagle3Error
-    from eagle3cli.evaluate.evaluate import EvalError
+    from eagle3cli.data.chat_mask import NoChatTemplate
     from eagle3cli.data.gen_data import GenDataError
     from eagle3cli.data.merge_data import MergeError
-    from eagle3cli.publish.push import DraftRejected, PushError
     from eagle3cli.data.sources import SourceError
-    from eagle3cli.config.train_config import TrainError
+    from eagle3cli.evaluate.evaluate import EvalError
+    from eagle3cli.publish.push import DraftRejected, PushError
 
     for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate,
                 MergeError):

@@ -19,13 +19,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from tiny import tiny_config
 
 from eagle3cli.core.errors import Eagle3Error
 from eagle3cli.core.io_utils import file_sha256
-from eagle3cli.data.features import (FeatureStore, check_complete, check_store, new_manifest, shard_name, write_manifest,
-                                     write_shard)
+from eagle3cli.data.features import (
+    FeatureStore,
+    check_complete,
+    check_store,
+    new_manifest,
+    shard_name,
+    write_manifest,
+    write_shard,
+)
 from eagle3cli.data.merge_data import merge
 
 HT = 64  # the tiny llama's hidden size
@@ -244,9 +250,8 @@ CLI_SAMPLE = ["manifest-file-truncated", "manifest-run-wrong-type", "sidecar-byt
 
 @pytest.mark.parametrize("name", CLI_SAMPLE)
 def test_cli_refuses_in_one_line_naming_the_file(world, name, tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
     from tiny import save_tiny
+    from typer.testing import CliRunner
 
     import eagle3cli.train.trainer as trainer
     from eagle3cli.cli import app

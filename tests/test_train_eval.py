@@ -5,18 +5,17 @@ from dataclasses import replace
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_trainer import build_store, config, peaky_target, weights
 
-from eagle3cli.config.train_config import TrainConfig
-from eagle3cli.decode.generator import speculative_generate
+from eagle3cli.config.train_config import TrainError
 from eagle3cli.data.features import FeatureStore, shard_name, write_shard
+from eagle3cli.decode.generator import speculative_generate
 from eagle3cli.model.target import capture
 from eagle3cli.train import train_eval
-from eagle3cli.train.optim import MuonAdamW
-from eagle3cli.config.train_config import TrainError
 from eagle3cli.train.batching import split_indices
 from eagle3cli.train.checkpoints import checkpoint_dirs
+from eagle3cli.train.optim import MuonAdamW
 from eagle3cli.train.trainer import train
-from test_trainer import build_store, config, peaky_target, weights
 
 
 @pytest.fixture(scope="module")

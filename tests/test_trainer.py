@@ -1,7 +1,6 @@
 """The trainer on tiny feature stores built here with features.write_shard + target.capture."""
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -11,21 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny import save_tiny
 
-from eagle3cli.publish.export import METADATA_KEY, read_config
+from eagle3cli.config.train_config import TrainConfig, TrainError
 from eagle3cli.core.io_utils import write_json
-from eagle3cli.data.features import shard_name, write_shard
-from eagle3cli.data.features import content_hash
-from eagle3cli.publish.inspector import inspect_draft
+from eagle3cli.data.features import content_hash, shard_name, write_shard
 from eagle3cli.model.layers import default_layer_ids
 from eagle3cli.model.target import capture
-from eagle3cli.config.train_config import TrainConfig
-from eagle3cli.config.train_config import TrainError
+from eagle3cli.model.vocab import build_vocab, size_for_coverage
+from eagle3cli.publish.export import METADATA_KEY, read_config
+from eagle3cli.publish.inspector import inspect_draft
 from eagle3cli.train.batching import make_batches, rank_groups
 from eagle3cli.train.checkpoints import checkpoint_dirs
 from eagle3cli.train.trainer import Trainer, train
-from eagle3cli.model.vocab import build_vocab, size_for_coverage
-from tiny import save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
 END_IDS = [2, 7]

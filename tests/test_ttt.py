@@ -2,12 +2,20 @@
 
 import torch
 import torch.nn.functional as F
+from tiny import tiny_config, tiny_model
 
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
 from eagle3cli.train.ttt import (
-    TTTModel, acceptance_length, repeat_kv, shift_left, soft_cross_entropy, teacher_from_final, teacher_rows,
-    ttt_attention, ttt_streams)
-from tiny import tiny_config, tiny_model
+    TTTModel,
+    acceptance_length,
+    repeat_kv,
+    shift_left,
+    soft_cross_entropy,
+    teacher_from_final,
+    teacher_rows,
+    ttt_attention,
+    ttt_streams,
+)
 
 
 def naive_attention(q, keys, values):

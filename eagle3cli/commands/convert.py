@@ -29,9 +29,9 @@ def convert(
     """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
     import torch
 
-    from ..publish.formats import inspect_any
-    from ..publish.formats import convert as run
     from ..config.options import parse_layer_ids
+    from ..publish.formats import convert as run
+    from ..publish.formats import inspect_any
 
     dtypes = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     target_config = target = None

@@ -25,8 +25,8 @@ def evaluate(**flags):
         check_conversion(opts.model, opts.target_gguf, opts.draft_gguf, opts.llama_cpp)
     spec = TargetSpec.of(opts)
     if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
-        from ..model.target import load_config
         from ..evaluate.vllm_eval import check_python, check_target
+        from ..model.target import load_config
 
         check_python(opts.vllm_python)
         check_target(load_config(spec))
@@ -51,10 +51,10 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     """Our generator on every task: checks the draft against the target before loading either."""
     import torch
 
-    from ..evaluate.evaluate import EvalConfig, check_draft, evaluate_spec, load_task
-    from ..publish.formats import as_ours, read_draft
     from ..decode.generator import check_supported
+    from ..evaluate.evaluate import EvalConfig, check_draft, evaluate_spec, load_task
     from ..model.target import load_config, load_tokenizer
+    from ..publish.formats import as_ours, read_draft
 
     cfg = EvalConfig.from_options(opts)
     target_config = load_config(spec)
@@ -114,8 +114,8 @@ def _run_vllm(opts: EvalOptions, spec) -> dict:
     import sys
 
     from ..evaluate.evaluate import load_task
-    from ..model.target import load_config, load_tokenizer
     from ..evaluate.vllm_eval import run
+    from ..model.target import load_config, load_tokenizer
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the vLLM worker too when killed
     loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]

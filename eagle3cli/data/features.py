@@ -552,10 +552,10 @@ def check_shard(handle, path: Path, meta: Manifest) -> torch.Tensor:
 def check_store(store: FeatureStore, target_config, *, online: bool, layers: str | None = None,
                 chat_template: str | None = None, model: str | None = None, revision: str | None = None):
     """Refuse a store made for another target, other layers or another chat template."""
-    from .chat_mask import template_hash
-    from ..core.hf_utils import text_config
     from ..config.options import parse_layer_ids
+    from ..core.hf_utils import text_config
     from ..model.layers import num_layers
+    from .chat_mask import template_hash
 
     m, root = store.meta, store.root
     if m.format != FORMAT or m.version != FORMAT_VERSION:

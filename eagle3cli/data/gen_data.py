@@ -28,19 +28,36 @@ from collections import Counter
 from pathlib import Path
 
 from .. import __version__
+from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
 from ..core.errors import Eagle3Error, check_out_dir
-from .chat_mask import (
-    MaskError, chat_template, end_of_turn_ids, exact_answer_labels, highlight, template_hash, tokenize_conversation)
-from .chat_mask import last_turn_only as last_turn_only_mask
 from ..core.hf_utils import eos_token_ids, text_config
 from ..core.io_utils import ensure_dir, file_sha256, write_json
-from .features import (MANIFEST, SHARD_DIR, content_hash, data_fingerprint, finished_shards, new_manifest, shard_name,
-                       shard_problem, write_manifest, write_shard)
-from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
-from .sources import Conversation, images_of, load_conversations, with_system
 from ..core.progress import LogProgress
 from ..core.threads import adapt as adapt_threads
 from ..core.time_limit import TimeLimit, now
+from .chat_mask import (
+    MaskError,
+    chat_template,
+    end_of_turn_ids,
+    exact_answer_labels,
+    highlight,
+    template_hash,
+    tokenize_conversation,
+)
+from .chat_mask import last_turn_only as last_turn_only_mask
+from .features import (
+    MANIFEST,
+    SHARD_DIR,
+    content_hash,
+    data_fingerprint,
+    finished_shards,
+    new_manifest,
+    shard_name,
+    shard_problem,
+    write_manifest,
+    write_shard,
+)
+from .sources import Conversation, images_of, load_conversations, with_system
 
 REGEN_DIR = "regenerated"
 BYTES_PER_VALUE = 2  # bf16 / fp16 features
@@ -380,8 +397,8 @@ class Pipeline:
         """(the dtype local regeneration computes in, None without local regeneration; the same
         when it differs from the target's compute dtype, else None: what run settings record),
         checked before any weights are loaded."""
-        from .regenerate import regen_dtype
         from ..model.target import DTYPES, default_device, resolve_dtype
+        from .regenerate import regen_dtype
 
         o = self.opts
         if not o.regenerate or o.endpoint:
@@ -723,11 +740,17 @@ class Pipeline:
                            "to finish it, or train on it with --allow-incomplete", highlight=False, markup=False)
 
     def _loop(self, todo: list[int], n_mine: int, done: dict, base: dict, n_shards: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        from .regenerate import EndpointError
         from ..engines.vllm_engine import VllmEngineError
+        from .regenerate import EndpointError
 
         o = self.opts
         size = o.shard_size

@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .chat_mask import render
 from ..core.errors import Eagle3Error
 from ..core.hardware import has_bf16_matmul
+from .chat_mask import render
 
 
 @dataclass

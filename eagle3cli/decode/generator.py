@@ -40,8 +40,8 @@ from typing import Protocol, Sequence
 import torch
 
 from ..core.errors import Eagle3Error
-from ..core.hf_utils import eos_token_ids, synchronize as _sync
-from ..core.hf_utils import text_config
+from ..core.hf_utils import eos_token_ids, text_config
+from ..core.hf_utils import synchronize as _sync
 from . import attention
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
 

@@ -10,7 +10,6 @@ mismatch is reported with its prompt id.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -20,8 +19,8 @@ import torch
 
 from ..core.errors import Eagle3Error
 from ..core.hardware import describe
-from ..core.time_limit import TimeLimit, now
 from ..core.hf_utils import synchronize, text_config
+from ..core.time_limit import TimeLimit, now
 from ..data.turns import Prompt, encode
 from ..data.turns import load_turns_file as read_turns
 
@@ -511,8 +510,14 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     (tokens, seconds)), timed on every turn beside ours as ``baseline_llamacpp``."""
     from ..decode.fast_draft import compute_dtype, weights_for
     from ..decode.generator import (
-        ContextTooLong, SpecSettings, UnsupportedTarget, check_supported, speculative_generate)
-    from ..decode.generator import as_drafter, greedy_generate
+        ContextTooLong,
+        SpecSettings,
+        UnsupportedTarget,
+        as_drafter,
+        check_supported,
+        greedy_generate,
+        speculative_generate,
+    )
 
     check_supported(target.config)
     clock = TimeLimit(cfg.max_minutes)  # from here: warm-up and tree calibration count too

@@ -12,13 +12,23 @@ from pathlib import Path
 
 import torch
 
+from ..core.hf_utils import text_config
 from ..engines import engine_support
+from ..model.layers import default_layer_ids, num_layers
 from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, read_weights, tensor_problems
 from .export import (
-    CONFIG, FC_NORM_WEIGHTS, INPUT_NORM_WEIGHT, LEGACY_FC_NORM, METADATA_KEY, OPTIONAL_WEIGHTS, WEIGHTS,
-    expected_shapes, geometry, options_from_json, required_weights)
-from ..core.hf_utils import text_config
-from ..model.layers import default_layer_ids, num_layers
+    CONFIG,
+    FC_NORM_WEIGHTS,
+    INPUT_NORM_WEIGHT,
+    LEGACY_FC_NORM,
+    METADATA_KEY,
+    OPTIONAL_WEIGHTS,
+    WEIGHTS,
+    expected_shapes,
+    geometry,
+    options_from_json,
+    required_weights,
+)
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 

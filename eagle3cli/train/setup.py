@@ -24,7 +24,6 @@ from ..model.target import TargetSpec, capture, input_embeddings, load_target, l
 from ..model.vocab import build_vocab
 from .precision import stored_dtype, train_dtype_name
 
-
 # ---- setup checks ------------------------------------------------------------------------------
 
 def limit_note(steps_per_epoch: int, cfg: TrainConfig) -> str:

@@ -38,8 +38,8 @@ from .. import __version__
 from ..config.train_config import TrainConfig, TrainError
 from ..core.errors import check_out_dir
 from ..core.hf_utils import text_config
-from ..core.time_limit import now
 from ..core.io_utils import write_json
+from ..core.time_limit import now
 from ..data.features import FeatureStore, StoreError, check_complete, check_store
 from ..model import warm_start
 from ..model.draft import Eagle3Draft
@@ -53,11 +53,28 @@ from .memory import fix_host_memory, use_recompute
 from .noise import noise_seed, with_noise
 from .optim import make_optimizer
 from .precision import accelerator
-from .setup import (as_list, build_draft, chat_template_for, check_init_from, learned_tokens_error, limit_note,
-                    load_target_parts, setup_line)
+from .setup import (
+    as_list,
+    build_draft,
+    chat_template_for,
+    check_init_from,
+    learned_tokens_error,
+    limit_note,
+    load_target_parts,
+    setup_line,
+)
 from .step_budget import StepBudget
-from .train_report import (LiveView, Meter, RunLog, decayed_loss, epoch_note, final_metrics, measured_metrics,
-                           summary_table, trained_on)
+from .train_report import (
+    LiveView,
+    Meter,
+    RunLog,
+    decayed_loss,
+    epoch_note,
+    final_metrics,
+    measured_metrics,
+    summary_table,
+    trained_on,
+)
 from .ttt import TTTModel, teacher_from_final, teacher_rows
 
 

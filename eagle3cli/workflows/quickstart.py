@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from ..core.threads import adapt as adapt_threads
 from ..core.hf_utils import text_config
+from ..core.threads import adapt as adapt_threads
 
 
 @dataclass
@@ -160,10 +160,10 @@ def _model_type(model: str) -> str | None:
 
 
 def _eval(opts: QuickstartOptions, model: str, draft: Path, log, minutes: float | None = None) -> dict:
-    from ..evaluate.evaluate import EvalConfig, evaluate_spec, write_results
-    from ..publish.export import load_draft
     from ..config.options import parse_tree
+    from ..evaluate.evaluate import EvalConfig, evaluate_spec, write_results
     from ..model.target import TargetSpec, load_tokenizer
+    from ..publish.export import load_draft
 
     out = opts.out / "eval"
     if (out / "results.json").exists():
