@@ -35,8 +35,8 @@ FAMILIES = {
 }
 META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
-FLOAT_SETTINGS = ("lr", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay", "vocab_coverage",
-                  "val_fraction", "feature_noise", "accept_loss", "max_minutes")
+FLOAT_SETTINGS = ("lr", "init_std", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay",
+                  "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
@@ -44,6 +44,7 @@ AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length",
 OPTIMIZERS = ("adamw", "muon")
 KEEP = ("last", "best")
 VARIANTS = ("eagle3", "eagle3.1")
+LR_SCHEDULES = ("cosine", "linear", "constant")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -89,10 +90,15 @@ class TrainConfig(TargetOptions):
                                      "vLLM/SGLang norm_before_fc). Not with --variant eagle3.1 (it has fc_norm).")
     norm_before_residual: bool = _f(False, "The residual around the draft's attention is hidden_norm(g) instead of g "
                                            "(speculators' variant; vLLM serves it, SGLang 0.5.23 does not).")
+    norm_output: bool = _f(False, "Feed norm(a) to the next TTT step and to the LM head instead of a (EAGLE-3.1 "
+                                  "and speculators; vLLM and SGLang serve it, llama.cpp does not). On by itself "
+                                  "or with the other norms; --variant eagle3.1 turns it on too.")
     # --- initialisation ---
     warm_start: str = _f("none", "Start the draft from the target's weights: comma-separated parts of head (final "
                                  "norm + LM head rows), fc (pass the high stream through), layer (the target's "
                                  "last layer); none = random (measured best for short CPU runs, docs/benchmarks.md).")
+    init_std: float = _f(0.02, "Standard deviation of the random initial weights of fc, the layer's linears and "
+                               "the LM head.")
     freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
                                   "with --init-from): nothing to learn there.")
     # --- training-time test ---
@@ -117,7 +123,9 @@ class TrainConfig(TargetOptions):
                                  "scaled to AdamW's RMS so --lr carries over) for the 2-D weights inside the draft "
                                  "(fc, attention, MLP); the LM head and the norms stay on AdamW.",
                         choices=OPTIMIZERS)
-    warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; cosine decay after.")
+    warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; --lr-schedule after.")
+    lr_schedule: str = _f("cosine", "Decay after the warm-up, from --lr to --min-lr-ratio x --lr at the last step: "
+                                    "cosine, linear, or constant (no decay).", choices=LR_SCHEDULES)
     min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     grad_clip: float = _f(0.5, "Gradient norm clip.")
@@ -192,6 +200,8 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--ttt-warmup must be 0 or more optimizer steps, got {self.ttt_warmup}")
         if self.eval_every < 0:
             raise TrainError(f"--eval-every must be 0 (off) or a number of optimizer steps, got {self.eval_every}")
+        if not 0 < self.init_std <= 1:
+            raise TrainError(f"--init-std must lie in (0, 1], got {self.init_std:g}")
         if self.eval_prompts and not Path(self.eval_prompts).is_file():
             raise TrainError(f"--prompts {self.eval_prompts}: no such file")
         if alone:
@@ -255,7 +265,7 @@ def draft_options(cfg: TrainConfig) -> dict[str, bool]:
     if v31 and cfg.norm_before_fc:
         raise OptionError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
                           "each stream before fc (speculators refuses both)")
-    return {"fc_norm": v31, "norm_output": v31, "norm_before_fc": bool(cfg.norm_before_fc),
+    return {"fc_norm": v31, "norm_output": v31 or bool(cfg.norm_output), "norm_before_fc": bool(cfg.norm_before_fc),
             "norm_before_residual": bool(cfg.norm_before_residual)}
 
 

@@ -14,6 +14,8 @@ accelerate and the checkpoints (--resume) treat it as any optimizer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -65,3 +67,19 @@ def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, 
         if muon:
             return MuonAdamW(muon, [p for n, p in named if not muon_weight(n, p)], lr, weight_decay)
     return torch.optim.AdamW([p for _, p in named], lr=lr, betas=BETAS, weight_decay=weight_decay)
+
+
+def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float, shape: str = "cosine"):
+    """The LR multiplier at each step: a linear warm-up over ``warmup_ratio`` of the steps, then
+    ``shape`` (cosine, linear or constant) from 1 down to ``min_ratio`` at the last step."""
+    warmup = int(round(total_steps * warmup_ratio))
+    decay = {"cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)), "linear": lambda p: 1 - p,
+             "constant": lambda p: 1.0}[shape]
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return min_ratio + (1 - min_ratio) * decay(min(1.0, progress))
+
+    return f

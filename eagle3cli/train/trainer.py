@@ -25,7 +25,6 @@ them together and runs the loop.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -51,7 +50,7 @@ from .batching import collate, make_batches, rank_groups, split_indices
 from .checkpoints import checkpoint_dirs, save_checkpoint, start_state
 from .memory import fix_host_memory, use_recompute
 from .noise import noise_seed, with_noise
-from .optim import make_optimizer
+from .optim import lr_lambda, make_optimizer
 from .precision import accelerator
 from .setup import (
     as_list,
@@ -76,19 +75,6 @@ from .train_report import (
     trained_on,
 )
 from .ttt import TTTModel, teacher_from_final, teacher_rows
-
-
-def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
-    warmup = int(round(total_steps * warmup_ratio))
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
 
 
 def scored_positions(batch: dict, loss_on: str, held_out: bool) -> torch.Tensor:
@@ -415,7 +401,8 @@ def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
     """(trainable parameters, --optimizer over them, the warm-up + cosine LR schedule)."""
     named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio, cfg.lr_schedule))
     return [p for _, p in named], optimizer, schedule
 
 
@@ -426,7 +413,7 @@ def step_budget(t: Trainer) -> StepBudget:
 
     def apply(steps: int, why: str):
         t.total_steps = steps
-        t.scheduler.lr_lambdas[0] = lr_lambda(steps, t.cfg.warmup_ratio, t.cfg.min_lr_ratio)
+        t.scheduler.lr_lambdas[0] = lr_lambda(steps, t.cfg.warmup_ratio, t.cfg.min_lr_ratio, t.cfg.lr_schedule)
         t.view.set_total(steps)
         t.view.note(why)  # (the view prints only on the main process, and not when quiet)
 
