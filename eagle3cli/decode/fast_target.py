@@ -5,7 +5,7 @@ building, a growing ``DynamicCache`` concatenated every call, three separate q/k
 gate/up matmuls) as in its matrix products, and verifying n tokens through it costs 2-3x
 one token although the weights are read once either way (docs/benchmarks.md). This module
 runs the same model with the same weights and the same formulas (HF's own RoPE tables and
-``apply_rotary_pos_emb``, RMSNorm in fp32 as HF computes it), and per layer only
+``apply_rotary_pos_emb``'s products, RMSNorm in fp32 as HF computes it), and per layer only
 
     x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope -> write k, v into the static
       cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
@@ -150,7 +150,10 @@ def serving_key(keys: tuple, m: int) -> int | str | None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's LlamaRMSNorm: normalise in fp32, scale in the weight's dtype."""
+    """HF's LlamaRMSNorm: normalise in fp32, scale in the weight's dtype (fp32 input: the same ops
+    without the two conversions that return their input: a decoding step runs 61 norms)."""
+    if x.dtype == torch.float32:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -325,14 +328,16 @@ class FastTarget:
         self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
         # RoPE tables once for every position (small), so a row's tables never change as the cache grows
         self.rope_tables = d.rope(max_len)  # {layer kind (None: every layer): (cos, sin)}
+        # HF's rotate_half(x) * sin as roll(x, hd/2) * (sin with its first half negated): the same
+        # products (a negation is exact), so q and k of a layer rotate together in three ops
+        half = self.head_dim // 2
+        self.rope_signed = {kind: (cos, torch.cat([-sin[:, :half], sin[:, half:]], -1))
+                            for kind, (cos, sin) in self.rope_tables.items()}
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
         self.layout = layout(d.base.config)
         self.k = self.v = None
         self._allocate(min(max_len, self.INITIAL_LEN))
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        self._rope = apply_rotary_pos_emb
 
     INITIAL_LEN = 1024  # positions allocated at first: an 8,192-position float64 cache of SmolLM2 is 755 MB
 
@@ -359,8 +364,8 @@ class FastTarget:
         if past + n > self.k.shape[2]:  # grow by doubling: a copy per doubling, not per token
             self._allocate(min(self.max_len, max(2 * self.k.shape[2], past + n)))
         x = self.decoder.embed_ids(ids)  # [n, H]
-        rope = {kind: (cos[positions][None], sin[positions][None])  # [1, n, hd]
-                for kind, (cos, sin) in self.rope_tables.items()}
+        rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, hd]
+                for kind, (cos, sin) in self.rope_signed.items()}
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
@@ -370,24 +375,30 @@ class FastTarget:
         hidden = {}
         want = set(hidden_layers)
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        one_row = n == 1 and attn_mask is None and masks is None and self.attn_dtype == torch.float32 \
+            and self.ONE_ROW_ATTENTION
         for j, layer in enumerate(self.layers):
             if j in want:
                 hidden[j] = x[None]
             h = layer.rms(x, layer.ln1, layer.eps)
             qkv = layer.qkv(h)
-            q = qkv[:, :nh * hd].view(n, nh, hd)
-            k = qkv[:, nh * hd:(nh + nkv) * hd].view(n, nkv, hd)
-            v = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
-            q, k = layer.qk_norm(q, k)
+            qk = qkv[:, :(nh + nkv) * hd].view(n, nh + nkv, hd)
+            if layer.qk_norms is not None:  # Qwen3, Gemma 3: q and k normalised apart before RoPE
+                qk = torch.cat(layer.qk_norm(qk[:, :nh], qk[:, nh:]), 1)
             cos, sin = rope[layer.kind if layer.gemma else None]
-            q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-            self.k[j, :, past:past + n] = k[0]
-            self.v[j, :, past:past + n] = v.transpose(0, 1)
-            o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
-                                               self.v[j:j + 1, :, :past + n],
-                                               attn_mask=attn_mask if masks is None else masks[self.layout.kinds[j]],
-                                               scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
-            x = layer.mlp(layer.attn_out(x, layer.o(o[0].transpose(0, 1).reshape(n, nh * hd))))
+            qk = qk * cos + qk.roll(hd // 2, -1) * sin  # HF's apply_rotary_pos_emb, q and k at once
+            self.k[j, :, past:past + n] = qk[:, nh:].transpose(0, 1)
+            self.v[j, :, past:past + n] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd).transpose(0, 1)
+            if one_row:
+                o = self._attend_one(qk[:, :nh], j, past + 1, layer.scaling)
+            else:
+                q = qk[:, :nh].transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
+                                                   self.v[j:j + 1, :, :past + n],
+                                                   attn_mask=attn_mask if masks is None else masks[self.layout.kinds[j]],
+                                                   scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
+                o = o[0].transpose(0, 1).reshape(n, nh * hd)
+            x = layer.mlp(layer.attn_out(x, layer.o(o)))
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
@@ -397,6 +408,20 @@ class FastTarget:
         if self.decoder.softcap is not None:  # Gemma's final_logit_softcapping, as HF applies it
             out = torch.tanh(out / self.decoder.softcap) * self.decoder.softcap
         return out, hidden
+
+    # One-row decoding (fp32): attention as two small batched matmuls instead of SDPA, whose
+    # flash kernel costs ~0.1 ms a layer for one query row on a CPU (3 ms of a 30-layer step). Not
+    # under bf16/fp16 weights: there a verification must be bitwise one-token decoding
+    # (``attention_dtype``), so every row count takes the same kernel.
+    ONE_ROW_ATTENTION = True
+
+    def _attend_one(self, q: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
+        """Attention of one query row q [1, nh, hd] over cache positions 0..length-1 of layer j,
+        each query head reading its KV group's keys: [1, nh * hd]."""
+        g = self.n_heads // self.n_kv
+        qg = q.view(self.n_kv, g, self.head_dim)
+        scores = torch.bmm(qg, self.k[j, :, :length].transpose(1, 2)).mul_(scale)  # [kv, g, length]
+        return torch.bmm(scores.softmax(-1), self.v[j, :, :length]).view(1, self.n_heads * self.head_dim)
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:
         return torch.zeros(mask.shape, dtype=self.attn_dtype, device=mask.device).masked_fill_(
