@@ -67,6 +67,14 @@ def load_split(path: Path) -> tuple[list[dict], dict]:
     return samples, meta
 
 
+def record_lr(optimizer) -> list[float]:
+    """The learning rate of each optimizer step, as it was applied (read after the step, before
+    the scheduler moves it on): a post-step hook, so every tool is logged the same way."""
+    lrs: list[float] = []
+    optimizer.register_step_post_hook(lambda opt, *_: lrs.append(float(opt.param_groups[0]["lr"])))
+    return lrs
+
+
 def counted(loader, field: str):
     """The loader, counting the real tokens of the batches it hands out (``counted.tokens``)."""
 
@@ -126,8 +134,9 @@ def run_speculators(split: Path, out: Path, lr: float, steps: int, tokens: int, 
                      lambda b: (b["document_ids"] != -1).sum())
     cfg = st.TrainerConfig(lr=lr, num_epochs=1, save_path=str(out / "ckpt"), optimizer="adamw",
                            train_call_kwargs=train_kw, hidden_states_dtype=torch.float32,
-                           log_freq=10 ** 9, max_steps=steps)
+                           log_freq=10 ** 9, max_steps=steps, scheduler_total_steps=steps)
     trainer = st.Trainer(model, cfg, loader, None)
+    lrs = record_lr(trainer.optimizers[0])
     t0, c0 = time.time(), time.process_time()
     epoch = 0
     while trainer.global_step < steps:
@@ -135,7 +144,7 @@ def run_speculators(split: Path, out: Path, lr: float, steps: int, tokens: int, 
         epoch += 1
     wall, cpu = time.time() - t0, time.process_time() - c0
     model.save_pretrained(str(out / "draft"))
-    return {"steps": trainer.global_step, "tokens": loader.tokens, "wall_s": wall, "cpu_s": cpu}
+    return {"steps": trainer.global_step, "tokens": loader.tokens, "wall_s": wall, "cpu_s": cpu, "lrs": lrs}
 
 
 def specforge_batches(samples: list[dict], tokens: int, seed: int) -> list[list[int]]:
@@ -195,6 +204,7 @@ def run_specforge(split: Path, out: Path, lr: float, steps: int, tokens: int, tt
     head.requires_grad_(False)
     model = OnlineEagle3Model(draft, length=ttt, attention_backend="sdpa")
     opt = BF16Optimizer(draft, lr=lr, max_grad_norm=0.5, total_steps=steps, warmup_ratio=0.015)
+    lrs = record_lr(opt.optimizer)
     collate = DataCollatorWithPadding()
     raw = [{"aux_hidden_state": s["aux"].float()[None], "hidden_state": s["final"].float()[None],
             "input_ids": s["input_ids"].long(), "loss_mask": s["loss_mask"].long()} for s in samples]
@@ -222,7 +232,7 @@ def run_specforge(split: Path, out: Path, lr: float, steps: int, tokens: int, tt
         epoch += 1
     wall, cpu = time.time() - t0, time.process_time() - c0
     save_specforge(draft, cfg, out / "draft")
-    return {"steps": step, "tokens": seen, "wall_s": wall, "cpu_s": cpu}
+    return {"steps": step, "tokens": seen, "wall_s": wall, "cpu_s": cpu, "lrs": lrs}
 
 
 def save_specforge(draft, cfg, out: Path):
@@ -297,7 +307,7 @@ def export_split(store_dir: str, out: Path, draft: Path, args) -> None:
 def train_ours(name: str, lr: float, args, work: Path, precision: str = "auto", extra: tuple = ()) -> dict:
     out = work / name
     c0, t0 = child_cpu_s(), time.time()
-    sh([EAGLE3, "train", "--data", args.data, "--model", args.model, "--out", str(out),
+    sh([EAGLE3, "train", "--store", args.data, "--model", args.model, "--out", str(out),
         "--recipe", "none", "--device", "cpu", "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size",
         str(args.draft_vocab), "--lr", str(lr), "--max-tokens", str(args.tokens), "--max-steps", str(args.steps),
         "--epochs", "100", "--val-fraction", str(args.val_fraction), "--seed", str(args.seed),
@@ -305,9 +315,10 @@ def train_ours(name: str, lr: float, args, work: Path, precision: str = "auto", 
         "--mixed-precision", precision, *extra], work / f"{name}.log")
     recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "tokens_per_s" in r]
+    lrs = [r["lr"] for r in recs if "lr" in r]
     tokens = sum(r["tokens"] for r in steps)
     train_wall = sum(r["tokens"] / r["tokens_per_s"] for r in steps)
-    return {"dir": out, "tokens": tokens, "wall_s": train_wall, "cpu_s": sum(r["cpu_s"] for r in steps),
+    return {"dir": out, "tokens": tokens, "wall_s": train_wall, "cpu_s": sum(r["cpu_s"] for r in steps), "lrs": lrs,
             "process_cpu_s": child_cpu_s() - c0, "process_wall_s": time.time() - t0}
 
 

@@ -301,6 +301,7 @@ class Trainer:
             return False
         acc.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
+        self.applied_lr = self.scheduler.get_last_lr()[0]  # the log's lr: this step's, not the next one's
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return True
@@ -313,7 +314,8 @@ class Trainer:
         acc, stats = self.acc, self.meter.result(self.acc)
         tokens = acc.reduce(torch.tensor(float(self.meter.tokens), device=acc.device), "sum").item()
         rate = tokens / max(1e-9, time.time() - self.t0)
-        rec = {"step": self.step, "epoch": epoch, "lr": self.scheduler.get_last_lr()[0],
+        lr = getattr(self, "applied_lr", self.scheduler.get_last_lr()[0])
+        rec = {"step": self.step, "epoch": epoch, "lr": lr,
                "loss": decayed_loss(stats["loss"], self.cfg.step_decay), "acc": stats["acc"],
                "tokens_per_s": rate, "tokens": int(tokens), "positions": stats["positions"],
                # CPU seconds of this process: a speed measure that other jobs on a
