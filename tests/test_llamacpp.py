@@ -296,7 +296,7 @@ def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
 # ---------------------------------------------------------------- llama.cpp's plain decoding as eval's baseline
 
 def _baseline_args(target, draft, turns, out, fake_bin):
-    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--data", str(turns),
+    return ["eval", "--model", str(target), "--draft", str(draft), "--task", "mini", "--prompts", str(turns),
             "--out", str(out), "--max-new-tokens", "16", "--mode", "chain", "--steps", "3",
             "--llama-cpp", str(fake_bin), "--target-gguf", str(out.parent / "t.gguf")]
 
@@ -385,3 +385,31 @@ def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_pat
     extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     names = {req.split(">")[0].split("=")[0] for req in extra["project"]["optional-dependencies"]["llamacpp"]}
     assert {pip for _, pip in llamacpp.CONVERTER_MODULES + llamacpp.GGUF_MODULES} <= names
+
+
+def test_card_takes_the_fastest_lossless_llamacpp_setting(draft_dir, this_checkouts_template):
+    """Several eval --engine llama.cpp runs (one per setting): the card's llama-server command gets
+    the fastest lossless one's chain length, p-min and draft file, and says what it measured."""
+    from eagle3cli.publish.export import read_config
+    from eagle3cli.publish.model_card import best_llamacpp, render_card
+
+    def run(n_max, p_min, draft, speedups, lossless=True):
+        tasks = {f"t{i}": {"num_prompts": 5, "tau": 1.5, "speedup": sp, "lossless": lossless,
+                           "tokens_per_s": {"baseline": 40.0, "speculative": 40.0 * sp}} for i, sp in enumerate(speedups)}
+        return {"hardware": "CPU X", "settings": {}, "tasks": {},
+                "engine": {"name": "llama.cpp", "draft_gguf": f"/tmp/g/{draft}", "tasks": tasks,
+                           "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": n_max,
+                                        "spec_draft_p_min": p_min, "threads": 2}}}
+
+    results = [run(1, 0.0, "draft-f32.gguf", [1.05, 1.07]), run(3, 0.0, "draft-q8_0.gguf", [1.5, 1.4], lossless=False),
+               run(2, 0.5, "draft-q8_0.gguf", [1.10, 1.16]), {"tasks": {}}]
+    best = best_llamacpp(results)
+    assert best["settings"]["spec_draft_n_max"] == 2 and best["speedup"] == pytest.approx(1.13)
+    card = render_card(read_config(draft_dir), "me/x", "me/tiny", results,
+                       gguf_files=["draft-f32.gguf", "draft-q8_0.gguf"]).text
+    assert ("llama-server -m TARGET.gguf -md draft-q8_0.gguf --spec-type draft-eagle3 --spec-draft-n-max 2 "
+            "--spec-draft-p-min 0.5\n# the fastest lossless setting eagle3 eval --engine llama.cpp measured: "
+            "1.13x plain llama-server (CPU X)") in card
+    assert best_llamacpp([results[1]]) is None  # not lossless: nothing to recommend
+    plain = render_card(read_config(draft_dir), "me/x", "me/tiny", [results[1]], gguf_files=["draft-f32.gguf"]).text
+    assert "-md draft-f32.gguf --spec-type draft-eagle3 --spec-draft-n-max 3\n```" in plain

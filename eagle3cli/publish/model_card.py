@@ -34,12 +34,39 @@ def vllm_command(target: str, draft: str) -> str:
     return f"vllm serve {target} --speculative-config '{spec}'"
 
 
-def llamacpp_command(repo: str, gguf_files=()) -> str:
-    """llama-server with the draft as a GGUF (the repo's draft-TYPE.gguf, or one made by eagle3 export-gguf)."""
-    name = sorted(gguf_files)[0] if gguf_files else "draft-f32.gguf"
+def best_llamacpp(results) -> dict | None:
+    """The fastest lossless llama.cpp setting among eval results (``eval --engine llama.cpp`` runs,
+    one per setting tried): {"settings", "speedup" (mean over its tasks), "draft" (GGUF file name),
+    "hardware"}; None where no run was lossless on every task."""
+    best = None
+    for res in results:
+        eng = (res.get("engine") or {}) if isinstance(res, dict) else {}
+        tasks = list((eng.get("tasks") or {}).values())
+        if eng.get("name") != "llama.cpp" or not tasks or not all(t.get("lossless") and t.get("speedup")
+                                                                  for t in tasks):
+            continue
+        speedup = sum(t["speedup"] for t in tasks) / len(tasks)
+        if best is None or speedup > best["speedup"]:
+            best = {"settings": eng.get("settings") or {}, "speedup": speedup, "hardware": res.get("hardware"),
+                    "draft": Path(eng["draft_gguf"]).name if eng.get("draft_gguf") else None}
+    return best
+
+
+def llamacpp_command(repo: str, gguf_files=(), best: dict | None = None) -> str:
+    """llama-server with the draft as a GGUF (the repo's draft-TYPE.gguf, or one made by eagle3 export-gguf),
+    with the settings of ``best`` (``best_llamacpp``) where eval measured some, and what they gave."""
+    files = sorted(gguf_files)
+    name = best["draft"] if best and best["draft"] in files else files[0] if files else "draft-f32.gguf"
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
            f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
-    return (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max 3")
+    s = (best or {}).get("settings") or {}
+    p_min = s.get("spec_draft_p_min") or 0
+    cmd = (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max "
+           f"{s.get('spec_draft_n_max') or 3}" + (f" --spec-draft-p-min {p_min:g}" if p_min else ""))
+    if best:
+        cmd += (f"\n# the fastest lossless setting eagle3 eval --engine llama.cpp measured: {best['speedup']:.2f}x "
+                f"plain llama-server" + (f" ({best['hardware']})" if best.get("hardware") else ""))
+    return cmd
 
 
 def architecture_label(config: dict) -> str:
@@ -270,7 +297,7 @@ def render_card(config: dict, repo_id: str, target: str | None, results: list[di
         facts=facts(config, target),
         sglang_command=sglang_command(target or "TARGET", repo_id),
         vllm_command=vllm_command(target or "TARGET", repo_id),
-        llamacpp_command=llamacpp_command(repo_id, gguf_files),
+        llamacpp_command=llamacpp_command(repo_id, gguf_files, best_llamacpp(list(results))),
         serving_notes=serving_notes(config, target_config),
         eval_rows=eval_rows(list(results)),
         training=training_rows(meta),
