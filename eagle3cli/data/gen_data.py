@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..config.options import GenDataOptions  # noqa: F401  (its fields are the flags; defined with them)
-from ..core.errors import Eagle3Error, check_out_dir
+from ..core.errors import Eagle3Error
 from ..core.hf_utils import eos_token_ids, text_config
 from ..core.io_utils import ensure_dir, file_sha256, write_json
 from ..core.progress import LogProgress
@@ -372,8 +372,6 @@ class Pipeline:
         o = self.opts
         o.validate(GenDataError)  # every flag alone (the command ran it too, before any import)
         check_engine_options(o, self.spec)
-        if not o.dry_run:
-            check_out_dir(o.out, "--out")
         self.rank, self.world, device, self.state = rank_and_world(o.shard)
         if device and not self.spec.device:
             self.spec.device = device
@@ -805,23 +803,12 @@ def check_engine_options(o: GenDataOptions, spec):
     """--engine vllm on this target: a local, unquantised, unadapted one (the flags alone are
     GenDataOptions.validate's)."""
     if o.engine == "hf":
-        # (--vllm-python is not refused here: $EAGLE3_VLLM_PYTHON may be set for every run)
-        if o.tensor_parallel_size != 1 or o.pipeline_parallel_size != 1 or o.vllm_args:
-            raise GenDataError("--tensor-parallel-size, --pipeline-parallel-size and --vllm-args are options of "
-                               "--engine vllm")
         return
-    if o.features != "offline":
-        raise GenDataError("--engine vllm captures features: --features none stores tokens only and needs no engine")
-    if o.regenerate and not o.endpoint:
-        raise GenDataError("--engine vllm captures features; regenerate through --endpoint (e.g. `vllm serve` of the "
-                           "same target) or keep the dataset's answers with --no-regenerate")
     if spec.load_in_8bit or spec.load_in_4bit or spec.adapter or spec.gguf_file:
         raise GenDataError("--engine vllm serves the plain target: no --load-in-8bit/4bit, --adapter or GGUF "
                            "(use --engine hf)")
     if not Path(spec.model).expanduser().is_dir():
         raise GenDataError(f"--engine vllm needs the target as a local folder (got {spec.model}); download it first")
-    if o.tensor_parallel_size < 1 or o.pipeline_parallel_size < 1:
-        raise GenDataError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
 
 
 def check_template_syntax(tokenizer, name: str):
