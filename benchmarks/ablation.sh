@@ -16,7 +16,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${OMP_NUM_THREADS:-
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 D=$OUT/$NAME
-/usr/bin/time -f "%U %S %e %M" -o "$D.time" eagle3 train --data "$DATA" --model "$MODEL" --out "$D" \
+/usr/bin/time -f "%U %S %e %M" -o "$D.time" eagle3 train --store "$DATA" --model "$MODEL" --out "$D" \
   --max-steps "${STEPS:-120}" --epochs 1000 --max-tokens 1024 --lr 3e-3 --ttt-steps 3 --eval-ttt-steps 7 \
   --draft-vocab-size 8192 --val-fraction 0.1 --loss-on all --seed 0 --save-every 100000 --warmup-ratio 0.02 \
   "$@" > "$D.train.log" 2>&1

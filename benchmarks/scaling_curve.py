@@ -1,7 +1,7 @@
 """EAGLE-3's scaling law at small scale: the same trainer on 1x, 2x, 4x, 8x regenerated data.
 
     eagle3 gen-data -m ~/.cache/eagle3/models/SmolLM2-135M-Instruct \\
-        --data ~/.cache/eagle3/data/sharegpt_v3.jsonl -o runs/scale/store --max-samples 800 \\
+        --dataset ~/.cache/eagle3/data/sharegpt_v3.jsonl -o runs/scale/store --max-samples 800 \\
         --shuffle --seed 3 --max-new-tokens 128 --max-length 512 --batch-size 32 --shard-size 100
     python benchmarks/scaling_curve.py --model ~/.cache/eagle3/models/SmolLM2-135M-Instruct \\
         --store runs/scale/store --shards 1,2,4,8 --epochs 2 --out runs/scale \\
@@ -60,7 +60,7 @@ def run(cmd: list[str], log: Path) -> float:
 
 
 def evaluate(model: str, draft: Path, questions: Path, mode: list[str], out: Path, max_new: int, log: Path) -> dict:
-    run(["eagle3", "eval", "-m", model, "-d", str(draft), "--task", "mt_bench", "--data", str(questions),
+    run(["eagle3", "eval", "-m", model, "-d", str(draft), "--task", "mt_bench", "--prompts", str(questions),
          "--max-new-tokens", str(max_new), "-o", str(out), *mode], log)
     return json.loads((out / "results.json").read_text())["tasks"]["mt_bench"]
 
@@ -98,11 +98,11 @@ def main():
         samples = sum(json.loads(p.read_text()).get("num_samples", 0) for p in (sub / "shards").glob("*.json"))
         draft = args.out / f"draft-{k}"
         train_log = args.out / f"train-{k}.log"
-        secs = run(["eagle3", "train", "--data", str(sub), "--out", str(draft), "--allow-incomplete",
+        secs = run(["eagle3", "train", "--store", str(sub), "--out", str(draft), "--allow-incomplete",
                     "--epochs", str(args.epochs), *TRAIN], train_log)
         row = {"shards": k, "samples": samples, "train_s": round(secs), "held_out_acc": held_out(train_log)}
-        chain = evaluate(args.model, draft, qfile, ["--mode", "chain", "--steps", "3"], args.out / f"eval-chain-{k}",
-                         args.max_new_tokens, args.out / f"eval-chain-{k}.log")
+        chain = evaluate(args.model, draft, qfile, ["--mode", "chain", "--chain-length", "3"],
+                         args.out / f"eval-chain-{k}", args.max_new_tokens, args.out / f"eval-chain-{k}.log")
         row.update(chain_tau=chain["tau"], chain_speedup=chain["speedup"], lossless=chain["lossless"])
         if k in tree_for:
             tree = evaluate(args.model, draft, qfile, ["--mode", "tree"], args.out / f"eval-tree-{k}",

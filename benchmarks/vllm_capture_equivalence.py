@@ -42,7 +42,7 @@ STREAMS = ("aux", "final")
 
 
 def gen_data(args, out: Path, engine: str) -> dict:
-    cmd = [sys.executable, "-m", "eagle3cli.cli", "gen-data", "-m", args.model, "--data", args.data,
+    cmd = [sys.executable, "-m", "eagle3cli.cli", "gen-data", "-m", args.model, "--dataset", args.data,
            "--out", str(out), "--no-regenerate", "--max-samples", str(args.max_samples),
            "--max-length", str(args.max_length), "--shard-size", str(args.shard_size), "--dtype", "float32"]
     if engine == "vllm":

@@ -68,7 +68,7 @@ class TrainConfig(TargetOptions):
     out: str = _f("eagle3-draft", "Output folder: the final draft, checkpoints/ and logs.")
     chat_template: str | None = _f(None, "Jinja file of the chat template gen-data used, if not the tokenizer's.")
     layers: str | None = _f(None, "Expected aux layer ids 'j,j,j'; the store must have been made with them.")
-    online: bool = _f(False, "Run the target each batch (for stores made with --features none).")
+    online: bool = _f(False, "Run the target each batch (for stores made with gen-data --online).")
     allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
     init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
                                      "instead of random weights; its layers must match the store's.")
