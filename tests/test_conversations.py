@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
 from transformers import AutoTokenizer
 
 from eagle3cli.data.chat_mask import exact_answer_labels, tokenize_conversation
-from eagle3cli.data.gen_data import GenDataError, build_sample, conversation_samples, reasoning_kwargs
+from eagle3cli.data.gen_errors import GenDataError
 from eagle3cli.data.regenerate import Endpoint, GenSettings, prompt_turns, regenerate_endpoint
+from eagle3cli.data.samples import build_sample, conversation_samples, reasoning_kwargs
 from eagle3cli.data.sources import Conversation, load_conversations
-from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",

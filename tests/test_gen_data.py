@@ -16,9 +16,12 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
+from eagle3cli.config.options import GenDataOptions
 from eagle3cli.data.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
+from eagle3cli.data.estimates import bytes_per_token
 from eagle3cli.data.features import FeatureStore
-from eagle3cli.data.gen_data import GenDataError, GenDataOptions, bytes_per_token, run
+from eagle3cli.data.gen_data import run
+from eagle3cli.data.gen_errors import GenDataError
 from eagle3cli.data.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta
 from eagle3cli.model.target import TargetSpec
 
@@ -441,7 +444,7 @@ def test_capture_reports_its_progress_and_matches_one_forward_a_sample():
     log's progress line follows it), and micro-batching leaves each sample's features its own."""
     from tiny import tiny_model
 
-    from eagle3cli.data.gen_data import capture_samples
+    from eagle3cli.data.samples import capture_samples
     from eagle3cli.model.target import capture
 
     model = tiny_model("llama")

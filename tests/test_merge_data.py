@@ -2,18 +2,18 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
+from eagle3cli.config.options import GenDataOptions
+from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.data.features import FeatureStore
-from eagle3cli.data.gen_data import GenDataOptions, run
+from eagle3cli.data.gen_data import run
 from eagle3cli.data.merge_data import MergeError, merge
 from eagle3cli.model.target import TargetSpec
-from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.train.trainer import train
 
 

@@ -8,8 +8,9 @@ import time
 
 from rich.console import Console
 
+from eagle3cli.config.options import GenDataOptions
 from eagle3cli.core.progress import LogProgress, clock_text, progress_interval
-from eagle3cli.data.gen_data import GenDataOptions, run
+from eagle3cli.data.gen_data import run
 from eagle3cli.model.target import TargetSpec
 
 

@@ -89,7 +89,7 @@ def test_every_user_error_class_shares_one_base():
     from eagle3cli.config.train_config import TrainError
     from eagle3cli.core.errors import Eagle3Error
     from eagle3cli.data.chat_mask import NoChatTemplate
-    from eagle3cli.data.gen_data import GenDataError
+    from eagle3cli.data.gen_errors import GenDataError
     from eagle3cli.data.merge_data import MergeError
     from eagle3cli.data.sources import SourceError
     from eagle3cli.evaluate.evaluate import EvalError
@@ -325,9 +325,9 @@ def test_gen_data_out_that_is_a_file(smol_tiny_dir, data6, tmp_path, no_model_lo
 def test_disk_estimate_is_compared_with_free_space(smol_tiny_dir, data6, tmp_path, monkeypatch):
     import shutil as _shutil
 
-    import eagle3cli.data.gen_data as gd
+    import eagle3cli.data.estimates as estimates
 
-    monkeypatch.setattr(gd.shutil, "disk_usage", lambda p: _shutil._ntuple_diskusage(10**6, 10**6 - 100, 100))
+    monkeypatch.setattr(estimates.shutil, "disk_usage", lambda p: _shutil._ntuple_diskusage(10**6, 10**6 - 100, 100))
     res = gen(smol_tiny_dir, data6, tmp_path / "s")
     assert res.exit_code == 1
     line = error_line(res)

@@ -6,14 +6,15 @@ import json
 import types
 
 import pytest
+from test_trainer import store, target_dir  # noqa: F401  (module fixtures: a tiny target and its store)
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
+from eagle3cli.config.options import GenDataOptions
 from eagle3cli.core import time_limit
 from eagle3cli.core.time_limit import TimeLimit
-from eagle3cli.data.gen_data import GenDataOptions, run
+from eagle3cli.data.gen_data import run
 from eagle3cli.model.target import TargetSpec
-from test_trainer import store, target_dir  # noqa: F401  (module fixtures: a tiny target and its store)
 
 
 class FakeClock:
@@ -104,8 +105,9 @@ def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_pa
     export plus half a step per held-out batch (two): from the first timed step the run refits to
     10 (4) steps, its cosine schedule ends at 0 there, and it exports as a finished run would.
     Without the limit the same flags run their 40 steps."""
-    from eagle3cli.train.trainer import Trainer, train
     from test_trainer import config
+
+    from eagle3cli.train.trainer import Trainer, train
 
     real = Trainer._optimizer_step
 
@@ -130,8 +132,9 @@ def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_pa
 def test_eval_measures_the_prompts_the_time_holds(smol_tiny_dir, tmp_path, clock, monkeypatch):
     """Four one-turn prompts, each 30 s on the fake clock (three timed decodings of 10 s): 90 s
     hold three; the results cover them, lossless, and say where the task stopped."""
-    from eagle3cli.evaluate import evaluate
     from test_evaluate import make_draft
+
+    from eagle3cli.evaluate import evaluate
 
     real = evaluate.timed
 

@@ -13,11 +13,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from eagle3cli.config.options import GenDataOptions
 from eagle3cli.data.features import FeatureStore
-from eagle3cli.data.gen_data import GenDataError, GenDataOptions, run
-from eagle3cli.model.target import TargetSpec
+from eagle3cli.data.gen_data import run
+from eagle3cli.data.gen_errors import GenDataError
 from eagle3cli.engines.vllm_capture import features_from_capture, rms_norm
 from eagle3cli.engines.vllm_engine import VllmEngineError, fill_samples, find_vllm_python, worker_env
+from eagle3cli.model.target import TargetSpec
 
 HERE = Path(__file__).resolve().parent
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import QWEN_TOKENIZER
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from tiny import QWEN_TOKENIZER
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 runner = CliRunner()
@@ -117,7 +117,7 @@ def test_image_conversations_store_the_image_tokens_unlearned_with_vision_featur
                                                                                    tmp_path):
     from safetensors.torch import load_file
 
-    from eagle3cli.data.gen_data import build_sample
+    from eagle3cli.data.samples import build_sample
     from eagle3cli.data.sources import load_conversations
     from eagle3cli.model.target import TargetSpec, capture, load_target
 

@@ -31,7 +31,7 @@ def gen_data(**flags):
 
 def summary(out, man: dict) -> str:
     """The one line that says what the run wrote."""
-    from ..data.gen_data import human_bytes
+    from ..data.estimates import human_bytes
 
     state = "complete" if man["complete"] else f"{man['shards_done']}/{man['shards_planned']} shards done"
     return (f"[green]wrote[/] {out}: {man['num_samples']} samples, {man['num_tokens']:,} tokens "

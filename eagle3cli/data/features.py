@@ -71,7 +71,7 @@ def sidecars(shard_dir: Path) -> dict[int, Path]:
     return found
 
 
-# A sidecar's fields (gen_data.process_shard) and their JSON types; every reader goes through read_sidecar.
+# A sidecar's fields (store_writer.write_shard_files) and their JSON types; every reader goes through read_sidecar.
 SIDECAR_INTS = ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes")
 
 

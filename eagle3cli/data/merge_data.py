@@ -30,10 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import Eagle3Error
-from .features import (FORMAT, FORMAT_VERSION, MANIFEST, SHARD_DIR, SIDECAR_FILE, Manifest, StoreError, aggregate,
-                       check_shard, read_sidecar, settings_fingerprint, shard_problem, write_manifest)
+from .features import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    SHARD_DIR,
+    SIDECAR_FILE,
+    Manifest,
+    StoreError,
+    aggregate,
+    check_shard,
+    read_sidecar,
+    settings_fingerprint,
+    shard_problem,
+    write_manifest,
+)
+from .store_writer import REGEN_DIR
 
-REGEN_DIR = "regenerated"  # gen_data.REGEN_DIR (not imported: gen_data pulls in the whole pipeline)
 TOTALS = ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers",
           "shards_done", "complete")
 
@@ -152,8 +165,8 @@ def plan(out: Path, sources: list[Path]) -> tuple[dict, dict[int, Shard], list[P
     missing = [i for i in range(planned) if i not in chosen]
     if missing:
         i = missing[0]
-        more = f" (and {len(missing) - 1} more: {', '.join(map(str, missing[1:6]))}{' ...' if len(missing) > 6 else ''})" \
-            if len(missing) > 1 else ""
+        listed = f"{', '.join(map(str, missing[1:6]))}{' ...' if len(missing) > 6 else ''}"
+        more = f" (and {len(missing) - 1} more: {listed})" if len(missing) > 1 else ""
         unfinished = [r for r, _, _ in read if any((r / SHARD_DIR).glob(f"shard-??-{i:05d}.safetensors"))]
         where = f" ({unfinished[0]} holds it unfinished)" if unfinished else ""
         raise MergeError(f"shard {i} of {planned} is missing{more}{where}: finish the gen-data run that writes it "

@@ -103,7 +103,8 @@ def _prompts(opts: QuickstartOptions, log) -> Path:
 
 
 def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log, minutes: float | None = None) -> Path:
-    from ..data.gen_data import GenDataOptions, run
+    from ..config.options import GenDataOptions
+    from ..data.gen_data import run
     from ..model.target import TargetSpec
 
     out = opts.out / "data"
