@@ -38,8 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--json-out")
     args = p.parse_args(argv)
 
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file
     from eagle3cli.decode.generator import speculative_generate
+    from eagle3cli.evaluate.evaluate import encode, load_turns_file
 
     target, tok, draft, s, fast, note = setup(args)
     depth = s.depth
@@ -73,10 +73,11 @@ def setup(args, draft_dtype: str = "float32"):
     the CPU, its fast path packed the fastest way measured here."""
     import torch
 
-    from eagle3cli.evaluate.evaluate import EvalConfig, build_fast_target, pack_for_run
-    from eagle3cli.publish.formats import as_ours, read_draft
     from eagle3cli.decode.generator import SpecSettings
+    from eagle3cli.evaluate.evaluate import EvalConfig, build_fast_target, pack_for_run
     from eagle3cli.model.target import TargetSpec, load_config, load_target, load_tokenizer
+    from eagle3cli.publish.formats.readers import read_draft
+    from eagle3cli.publish.formats.writers import as_ours
 
     spec = TargetSpec(args.model, device="cpu", dtype="float32")
     target, tok = load_target(spec), load_tokenizer(spec)

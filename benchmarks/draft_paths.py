@@ -35,12 +35,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file, pack_drafter, pack_for_run
     from eagle3cli.decode.fast_target import FastTarget
-    from eagle3cli.publish.formats import as_ours, read_draft
     from eagle3cli.decode.generator import EagleDrafter, SpecSettings, speculative_generate
-    from eagle3cli.workflows.quickstart import bundled_prompts
+    from eagle3cli.evaluate.evaluate import encode, load_turns_file, pack_drafter, pack_for_run
     from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
+    from eagle3cli.publish.formats.readers import read_draft
+    from eagle3cli.publish.formats.writers import as_ours
+    from eagle3cli.workflows.quickstart import bundled_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -90,12 +90,19 @@ class Steered:
 
 def setup(args):
     """Target, tokenizer, drafter, settings and fast path as ``eagle3 eval`` builds them here."""
-    from eagle3cli.evaluate.evaluate import (
-        EvalConfig, build_fast_target, check_exact, eval_dtype, pack_drafter, pack_for_run)
     from eagle3cli.decode.fast_draft import compute_dtype, weights_for
-    from eagle3cli.publish.formats import as_ours, read_draft
     from eagle3cli.decode.generator import SpecSettings, as_drafter
+    from eagle3cli.evaluate.evaluate import (
+        EvalConfig,
+        build_fast_target,
+        check_exact,
+        eval_dtype,
+        pack_drafter,
+        pack_for_run,
+    )
     from eagle3cli.model.target import TargetSpec, load_config, load_target, load_tokenizer
+    from eagle3cli.publish.formats.readers import read_draft
+    from eagle3cli.publish.formats.writers import as_ours
 
     total, depth, top_k = (int(x) for x in args.tree.split(","))
     cfg = EvalConfig(tasks=[], mode=args.mode, steps=args.steps, total_tokens=total, depth=depth, top_k=top_k,
@@ -136,8 +143,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file
     from eagle3cli.decode.generator import greedy_generate, speculative_generate
+    from eagle3cli.evaluate.evaluate import encode, load_turns_file
     from eagle3cli.workflows.quickstart import bundled_prompts
 
     target, tok, drafter, s, fast = setup(args)

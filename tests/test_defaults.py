@@ -11,7 +11,7 @@ from eagle3cli.config.train_config import TrainConfig, TrainError, draft_options
 from eagle3cli.engines.engine_support import LLAMACPP, SGLANG, VLLM, unsupported_options
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.publish.export import load_draft, save_draft
-from eagle3cli.publish.formats import convert
+from eagle3cli.publish.formats.writers import convert
 from eagle3cli.train.optim import lr_lambda
 
 LAYERS = (2, 4, 5)

@@ -21,9 +21,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
-
 from tiny import save_tiny, tiny_config
+from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.core.errors import Eagle3Error
@@ -32,7 +31,10 @@ from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.vocab import DraftVocab
 from eagle3cli.publish import push as push_lib
 from eagle3cli.publish.export import load_draft, save_draft
-from eagle3cli.publish.formats import as_ours, convert, init_from, inspect_any, read_draft
+from eagle3cli.publish.formats.readers import read_draft
+from eagle3cli.publish.formats.writers import as_ours, convert
+from eagle3cli.publish.inspector import inspect_any
+from eagle3cli.train.init_from import init_from
 
 torch.set_num_threads(1)
 
@@ -274,7 +276,7 @@ def read_push(d: Path, ctx):
 
 
 def read_init_from(d: Path, ctx):
-    """`train --init-from` (formats.init_from, as the trainer calls it with a fresh draft)."""
+    """`train --init-from` (train/init_from.py, as the trainer calls it with a fresh draft)."""
     vocab = DraftVocab(ids=torch.arange(128), coverage=1.0)
     cfg = SimpleNamespace(init_from=str(d), init_vocab="keep")
     return init_from(ctx.fresh, vocab, torch.ones(256, dtype=torch.long), cfg, ctx.target.config)[0]

@@ -17,8 +17,11 @@ from tiny import tiny_config, tiny_model
 from eagle3cli.engines import engine_support
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
 from eagle3cli.publish.export import engine_config, exported_state_dict, load_draft, save_draft
-from eagle3cli.publish.formats import FormatError, convert, detect_format, inspect_any, read_draft, write_draft
-from eagle3cli.publish.inspector import inspect_draft
+from eagle3cli.publish.formats.common import FormatError
+from eagle3cli.publish.formats.detect import detect_format
+from eagle3cli.publish.formats.readers import read_draft
+from eagle3cli.publish.formats.writers import convert, write_draft
+from eagle3cli.publish.inspector import inspect_any, inspect_draft
 from eagle3cli.config.train_config import TrainConfig, draft_options, resolve
 from eagle3cli.train.ttt import ttt_streams
 
@@ -425,7 +428,7 @@ def test_card_names_the_variant_and_what_each_engine_serves(target):
 
 
 def test_init_from_a_31_draft_keeps_its_options(target, tmp_path):
-    from eagle3cli.publish.formats import init_from
+    from eagle3cli.train.init_from import init_from
     from eagle3cli.model.vocab import DraftVocab
 
     src = make_draft(target, **V31)

@@ -22,9 +22,9 @@ from tiny import SMOLLM2_TOKENIZER
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
+from eagle3cli.config.options import GenDataOptions
 from eagle3cli.core.hf_utils import text_config
 from eagle3cli.data.features import FeatureStore
-from eagle3cli.data.gen_data import GenDataOptions
 from eagle3cli.data.gen_data import run as gen_data
 from eagle3cli.engines import engine_support
 from eagle3cli.model import warm_start
@@ -264,7 +264,7 @@ def test_warm_start_copies_the_target_parts(fam, trained):
 
 
 def test_inspect_the_trained_draft(fam, trained):
-    from eagle3cli.publish.formats import inspect_any
+    from eagle3cli.publish.inspector import inspect_any
 
     draft, _ = trained
     target_config = load(fam.target).config

@@ -1,4 +1,4 @@
-"""Readers and writers of the draft formats in the field (eagle3cli/publish/formats.py, docs/formats.md).
+"""Readers and writers of the draft formats in the field (eagle3cli/publish/formats/, docs/formats.md).
 
 Each fixture writes a tiny random draft the way the producing project writes it; the file and
 version whose code was read is named in the fixture's docstring.
@@ -14,7 +14,11 @@ from tiny import tiny_model
 
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft, MidLayer
 from eagle3cli.publish.export import engine_config, save_draft
-from eagle3cli.publish.formats import FormatError, convert, detect_format, inspect_any, read_draft, write_draft
+from eagle3cli.publish.formats.common import FormatError
+from eagle3cli.publish.formats.detect import detect_format
+from eagle3cli.publish.formats.readers import read_draft
+from eagle3cli.publish.formats.writers import convert, write_draft
+from eagle3cli.publish.inspector import inspect_any
 
 torch.set_num_threads(1)
 LAYERS = (2, 4, 5)  # tiny 8-layer target: input of decoder layer j
@@ -363,7 +367,7 @@ def test_push_dry_run_takes_a_speculators_draft(tmp_path, target):
 def test_eval_gate_takes_any_readable_draft(tmp_path, target):
     """commands/evaluate.py: formats.as_ours, then evaluate.check_draft, then formats.read_draft."""
     from eagle3cli.evaluate.evaluate import check_draft
-    from eagle3cli.publish.formats import as_ours
+    from eagle3cli.publish.formats.writers import as_ours
 
     d = base_draft(target)
     path = write_specforge(tmp_path / "sf", d)

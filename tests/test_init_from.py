@@ -7,7 +7,7 @@ from test_trainer import build_store, config, peaky_target
 from eagle3cli.config.train_config import TrainError
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.layers import default_layer_ids
-from eagle3cli.publish.formats import write_draft
+from eagle3cli.publish.formats.writers import write_draft
 from eagle3cli.train.trainer import Trainer, train
 
 torch.set_num_threads(1)

@@ -10,12 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_evaluate import engine_case, engine_eval_args, python_wrapper  # noqa: E402
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.evaluate.vllm_eval import delta, max_model_len, summarize
-
-from test_evaluate import engine_case, engine_eval_args, python_wrapper  # noqa: E402
 
 runner = CliRunner()
 HERE = Path(__file__).resolve().parent
@@ -79,7 +78,7 @@ def test_eval_engine_vllm_reads_vllms_counters(case, fake_python, tmp_path):
 
 
 def test_eval_engine_vllm_only_mismatch_and_conversion(case, fake_python, tmp_path, monkeypatch):
-    from eagle3cli.publish.formats import convert
+    from eagle3cli.publish.formats.writers import convert
 
     target, draft, turns = case
     spec_dir, _ = convert(draft, tmp_path / "draft-speculators", to="speculators")

@@ -1,4 +1,4 @@
-"""`eagle3 convert`: a draft in any format in, the format an engine wants out (library: formats.py)."""
+"""`eagle3 convert`: a draft in any format in, the format an engine wants out (library: publish/formats/)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def convert(
     import torch
 
     from ..config.options import parse_layer_ids
-    from ..publish.formats import convert as run
-    from ..publish.formats import inspect_any
+    from ..publish.formats.writers import convert as run
+    from ..publish.inspector import inspect_any
 
     dtypes = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     target_config = target = None

@@ -54,7 +54,8 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     from ..decode.generator import check_supported
     from ..evaluate.evaluate import EvalConfig, check_draft, evaluate_spec, load_task
     from ..model.target import load_config, load_tokenizer
-    from ..publish.formats import as_ours, read_draft
+    from ..publish.formats.readers import read_draft
+    from ..publish.formats.writers import as_ours
 
     cfg = EvalConfig.from_options(opts)
     target_config = load_config(spec)

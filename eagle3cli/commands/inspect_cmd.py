@@ -18,7 +18,8 @@ def inspect(
     """Validate an EAGLE-3 draft (ours or a third party's); exit 1 if it has problems."""
     from rich.table import Table
 
-    from ..publish.formats import FORMATS, inspect_any
+    from ..publish.formats.common import FORMATS
+    from ..publish.inspector import inspect_any
 
     target_config = None
     if model:

@@ -30,7 +30,7 @@ def push(
 ):
     """Publish a draft to the Hugging Face Hub: config, weights, model card, training record."""
     from ..publish import push as lib
-    from ..publish.formats import as_ours
+    from ..publish.formats.writers import as_ours
     from ..publish.gguf_export import GGUFOptions
 
     gguf = [GGUFType(t).value for t in gguf]

@@ -85,7 +85,8 @@ def serving_draft(draft: str | Path, out: Path, target_config=None, log=print) -
     """The folder vLLM loads: ``draft`` itself when it is in our format (vLLM reads it as-is),
     else a conversion to ours in ``OUT/vllm-draft``. Also refuses options vLLM does not implement."""
     from ..publish.export import options_from_json, read_config
-    from ..publish.formats import convert, detect_format
+    from ..publish.formats.detect import detect_format
+    from ..publish.formats.writers import convert
 
     fmt = detect_format(draft)
     converted = None

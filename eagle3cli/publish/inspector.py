@@ -29,6 +29,10 @@ from .export import (
     options_from_json,
     required_weights,
 )
+from .formats.common import FormatError, ReadNote, read_json
+from .formats.detect import detect_format
+from .formats.readers import read_draft
+from .formats.writers import convert, damaged_ours
 
 ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 
@@ -230,3 +234,45 @@ def _check_against_target(cfg: dict, ids, target_config, rep: InspectReport):
     rep.summary["target_layers"] = n
     # Whether each engine takes EAGLE-3 for this target at all (not a problem of the draft: eval runs it).
     rep.summary["target_support"] = {e: list(v) for e, v in engine_support.target_support(target_config).items()}
+
+
+def inspect_any(path: str | Path, target_config=None):
+    """``inspect`` for any format: the engine contracts checked on the directory as it is (what
+    an engine would load), the format named, and what a conversion would infer."""
+    try:
+        fmt = detect_format(path)
+    except FormatError as e:
+        if damaged_ours(path):  # our layout with a garbled file: the detailed checks say which and why
+            return inspect_draft(path, target_config), None
+        rep = InspectReport(str(path))
+        rep.problems.append(str(e))
+        return rep, None
+    try:
+        _, note = read_draft(path, target_config=target_config)
+    except FormatError as e:
+        note = ReadNote(format=fmt, path=str(path))
+        note.ignored.append(f"not convertible: {e}")
+    if fmt == "speculators":
+        # vLLM reads it through its speculators config; check the equivalent config of ours.
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                convert(path, Path(tmp) / "d", "ours", target_config=target_config)
+                rep = inspect_draft(Path(tmp) / "d", target_config)
+            except FormatError as e:
+                rep = InspectReport(str(path))
+                rep.problems.append(str(e))
+        rep.path = str(path)
+        rep.summary["engines"] = {"vllm": rep.ok, "sglang": False}
+    else:
+        rep = inspect_draft(path, target_config)
+        if note.norm_before_residual:
+            rep.summary.setdefault("engines", {})["sglang"] = False
+        if fmt == "specforge" and (read_json(Path(path) / CONFIG)).get("norm_output") is True:
+            rep.problems.append("config: norm_output is true, which SpecForge 0.2.0 writes for a draft whose lm_head "
+                                "reads norm(a) and whose next step is fed a; vLLM and SGLang feed norm(a) "
+                                "(EAGLE-3.1) instead: `eagle3 convert` writes the config they serve as trained")
+    rep.summary["format"] = fmt
+    rep.summary["read_note"] = note.lines()
+    return rep, note

@@ -178,7 +178,8 @@ def check_init_from(cfg: TrainConfig, target_config) -> None:
     if not cfg.init_from:
         return
     from ..publish.draft_check import CorruptDraft
-    from ..publish.formats import FormatError, read_draft
+    from ..publish.formats.common import FormatError
+    from ..publish.formats.readers import read_draft
 
     try:
         read_draft(cfg.init_from, target_config=target_config)
@@ -215,9 +216,10 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
     for line in warm_start.apply(draft, warm_parts, parts.warm, vocab.ids):
         say(line)
     parts.warm = None  # the target's layer / head copies are not needed past here
-    if cfg.init_from:  # continue from an existing draft in any format (formats.init_from, docs/formats.md)
+    if cfg.init_from:  # continue from an existing draft in any format (train/init_from.py, docs/formats.md)
         from ..publish.draft_check import CorruptDraft
-        from ..publish.formats import FormatError, init_from
+        from ..publish.formats.common import FormatError
+        from .init_from import init_from
         try:
             draft, vocab = init_from(draft, vocab, counts, cfg, target_config, say)
         except (FormatError, CorruptDraft) as e:
