@@ -410,9 +410,10 @@ class FastTarget:
         return out, hidden
 
     # One-row decoding (fp32): attention as two small batched matmuls instead of SDPA, whose
-    # flash kernel costs ~0.1 ms a layer for one query row on a CPU (3 ms of a 30-layer step). Not
-    # under bf16/fp16 weights: there a verification must be bitwise one-token decoding
-    # (``attention_dtype``), so every row count takes the same kernel.
+    # flash kernel is built for blocks of query rows and costs more than the products for one
+    # (docs/benchmarks.md, "Plain decoding against llama.cpp"). Not under bf16/fp16 weights: there
+    # a verification must be bitwise one-token decoding (``attention_dtype``), so every row count
+    # takes the same kernel.
     ONE_ROW_ATTENTION = True
 
     def _attend_one(self, q: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
