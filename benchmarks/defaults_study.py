@@ -61,7 +61,7 @@ def configs(args) -> dict[str, tuple[str, ...]]:
         for arch, flags in ARCH.items():
             for lr in LRS:
                 out[f"{arch}-{lr}"] = (*flags, "--lr", lr, *DEFAULT_REST)
-    base_arch, base_lr = args.base.rsplit("-", 1)
+    base_arch, base_lr = args.base.split("-", 1)
     base = (*ARCH[base_arch], "--lr", base_lr, *DEFAULT_REST)
     for grid, table in (("schedule", SCHEDULES), ("init", INITS)):
         if grid in grids:
@@ -72,7 +72,7 @@ def configs(args) -> dict[str, tuple[str, ...]]:
         wanted = args.only.split(",")
         for name in wanted:
             if name not in out and "-" in name:
-                arch, lr = name.rsplit("-", 1)
+                arch, lr = name.split("-", 1)
                 out[name] = (*ARCH[arch], "--lr", lr, *DEFAULT_REST)
         out = {k: v for k, v in out.items() if k in wanted}
     return out

@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared" / "data" / "eval"
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")  # the project's CLI, beside its python
-RECOMMENDED_LR = {"eagle3": 1e-4, "speculators": 1e-3, "specforge": 1e-4}  # each tool's default
+RECOMMENDED_LR = {"speculators": 1e-3, "specforge": 1e-4}  # each peer's default
 
 
 # ---------------------------------------------------------------- the peers' side (their venv)
@@ -309,7 +309,7 @@ def train_ours(name: str, lr: float, args, work: Path, precision: str = "auto", 
     c0, t0 = child_cpu_s(), time.time()
     sh([EAGLE3, "train", "--store", args.data, "--model", args.model, "--out", str(out),
         "--recipe", "none", "--device", "cpu", "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size",
-        str(args.draft_vocab), "--lr", str(lr), "--max-tokens", str(args.tokens), "--max-steps", str(args.steps),
+        str(args.draft_vocab), *(("--lr", str(lr)) if lr else ()), "--max-tokens", str(args.tokens), "--max-steps", str(args.steps),
         "--epochs", "100", "--val-fraction", str(args.val_fraction), "--seed", str(args.seed),
         "--max-length", str(args.max_length), "--log-every", "1", "--save-every", "100000",
         "--mixed-precision", precision, *extra], work / f"{name}.log")
@@ -361,7 +361,8 @@ def eval_tau(draft: Path, prompts: str, mode: str, args, work: Path) -> float:
     runs, without its two plain baselines) on the first --prompts first turns of a turns file."""
     out = work / f"_tau_{draft.name}_{Path(prompts).stem}_{mode}.json"
     sh([sys.executable, str(HERE / "chain_tau.py"), "--model", args.model, "--draft", str(draft), "--prompts", prompts,
-        "--limit", str(args.prompts), "--max-new-tokens", str(args.new_tokens), "--mode", mode, "--steps", "3",
+        "--limit", str(args.prompts), "--max-turns", str(args.max_turns), "--max-new-tokens", str(args.new_tokens),
+        "--mode", mode, "--steps", "3",
         "--json-out", str(out)], work / f"_tau_{draft.name}.log")
     return float(json.loads(out.read_text())["tau"])
 
@@ -408,20 +409,25 @@ def ablation(args, work: Path) -> None:
         print(f"| {label} (`{' '.join(flags)}`) | {a} | {res['tokens'] / res['cpu_s']:.0f} |", flush=True)
 
 
-def runs(args) -> list[tuple[str, str, float, str]]:
-    """(tool, name, lr, eagle3 precision): ours at our lr (and a peer's, to separate the lr from
-    the rest), each peer at our lr and at its own recommended one. The peers train in fp32 here
-    (speculators' autocast is CUDA-only; SpecForge's model is fp32 unless cast), eagle3 in its CPU
-    default (bf16 autocast where the CPU has native bf16) and, for the same arithmetic, fp32."""
-    out = [("eagle3", "eagle3_lr1e-4", 1e-4, "auto")]
-    out += [("eagle3", f"eagle3_lr1e-4_{p}", 1e-4, p) for p in args.eagle3_precision if p != "auto"]
+def runs(args) -> list[tuple[str, str, float | None, str]]:
+    """(tool, name, lr, eagle3 precision): every tool at its own defaults (lr None: eagle3's own
+    default), then each at the others' default lr, so the lr is not mistaken for the rest. The
+    peers train in fp32 here (speculators' autocast is CUDA-only; SpecForge's model is fp32 unless
+    cast), eagle3 in its CPU default (bf16 autocast where the CPU has native bf16) and, with
+    --eagle3-precision no, in fp32 too."""
+    from eagle3cli.config.train_config import TrainConfig
+
+    ours = TrainConfig().lr
+    out = [("eagle3", "eagle3_default", None, "auto")]
+    out += [("eagle3", f"eagle3_default_{p}", None, p) for p in args.eagle3_precision if p != "auto"]
     for tool in args.tools:
         if tool == "eagle3":
             continue
-        out.append((tool, f"{tool}_lr1e-4", 1e-4, ""))
-        if RECOMMENDED_LR[tool] != 1e-4:
-            out.append((tool, f"{tool}_lr{RECOMMENDED_LR[tool]:g}", RECOMMENDED_LR[tool], ""))
-            out.append(("eagle3", f"eagle3_lr{RECOMMENDED_LR[tool]:g}", RECOMMENDED_LR[tool], "auto"))
+        out.append((tool, f"{tool}_default", RECOMMENDED_LR[tool], ""))
+        if RECOMMENDED_LR[tool] != ours:
+            out.append((tool, f"{tool}_lr{ours:g}", ours, ""))
+            if not any(r[1] == f"eagle3_lr{RECOMMENDED_LR[tool]:g}" for r in out):
+                out.append(("eagle3", f"eagle3_lr{RECOMMENDED_LR[tool]:g}", RECOMMENDED_LR[tool], "auto"))
     return out
 
 
@@ -442,6 +448,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--max-turns", type=int, default=1, help="turns of each prompt decoded (mt_bench has 2)")
+    ap.add_argument("--taus", default="mt_bench:chain,mt_bench:tree,gsm8k:chain",
+                    help="the taus scored, comma-separated FILE:MODE (FILE mt_bench or gsm8k, MODE chain or tree)")
     ap.add_argument("--mt-bench", default=str(SHARED / "mt_bench.jsonl"), help="turns file for mt_bench tau")
     ap.add_argument("--gsm8k", default=str(SHARED / "gsm8k.jsonl"), help="turns file for in-domain tau (GSM8K test)")
     ap.add_argument("--eagle3-precision", default="auto,no",
@@ -472,6 +481,9 @@ def main():
         return ablation(args, work)
     rows = []
     split = work / "split"
+    from eagle3cli.config.train_config import TrainConfig
+
+    ours_lr = TrainConfig().lr
     for tool, name, lr, precision in runs(args):
         res_file = work / f"{name}.json"
         if args.skip_train and res_file.exists():
@@ -487,23 +499,28 @@ def main():
             res_file.write_text(json.dumps({**res, "dir": str(res["dir"])}))
         if "acc" not in res:  # scores are kept beside the run, so --skip-train only scores what is new
             res["acc"] = held_out(res["dir"], args, work)
-            res["taus"] = [eval_tau(res["dir"], f, m, args, work) for f, m in
-                           ((args.mt_bench, "chain"), (args.mt_bench, "tree"), (args.gsm8k, "chain"))]
+            files = {"mt_bench": args.mt_bench, "gsm8k": args.gsm8k}
+            res["taus"] = [eval_tau(res["dir"], files[f], m, args, work)
+                           for f, m in (x.split(":") for x in args.taus.split(","))]
             res_file.write_text(json.dumps({**res, "dir": str(res["dir"])}))
         acc, taus = res["acc"], res["taus"]
         prec = {"auto": ", CPU default precision", "no": ", fp32", "bf16": ", bf16 autocast"}.get(precision, "")
-        rows.append((tool, f"lr {lr:g}{prec}", res, acc, taus))
+        rows.append((tool, f"lr {lr or ours_lr:g}{' (its default)' if name.endswith('default') else ''}{prec}",
+                     res, acc, taus))
         print(f"{name}: {res['tokens']} tokens, acc {acc}, tau {taus}", flush=True)
     print(f"\n{args.steps} steps x {args.tokens} tokens, TTT {args.ttt_steps}, draft vocab {args.draft_vocab}, "
           f"AdamW, one thread (peers in fp32); tau on {args.prompts} prompts x {args.new_tokens} tokens\n")
-    print("| tool | settings | tokens | tokens/s | tokens/CPU-s | CPU-min | acc_0 | acc_1 | acc_2 "
-          "| mt_bench chain-3 tau | mt_bench tree tau | gsm8k chain-3 tau |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| tool | settings | tokens | tokens/s | tokens/CPU-s | CPU-min | lr at steps 1, N/2, N | acc_0 | acc_1 | "
+          "acc_2 | " + " | ".join(f"{t} tau" for t in args.taus.split(",")) + " |")
+    print("|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.taus.split(",")))
     for tool, settings, res, acc, taus in rows:
         a = " | ".join(f"{x:.3f}" for x in acc[:3])
         t = " | ".join(f"{x:.2f}" for x in taus)
+        lrs = res.get("lrs") or [float("nan")]
+        span = ", ".join(f"{lrs[i]:.2g}" for i in (0, len(lrs) // 2, -1))
         print(f"| {tool} | {settings} | {res['tokens']} | {res['tokens'] / res['wall_s']:.0f} | "
-              f"{res['tokens'] / res['cpu_s']:.0f} | {res['process_cpu_s'] / 60:.1f} | {a} | {t} |")
+              f"{res['tokens'] / res['cpu_s']:.0f} | {res['process_cpu_s'] / 60:.1f} | {span} ({len(lrs)} steps) | "
+              f"{a} | {t} |")
 
 
 if __name__ == "__main__":
