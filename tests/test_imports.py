@@ -169,8 +169,9 @@ def test_lower_wings_never_import_upper_ones():
 def test_wing_check_catches_an_upward_import():
     graph = {"eagle3cli.model.draft": {"eagle3cli.train.trainer"}, "eagle3cli.train.trainer": {"eagle3cli.model.draft"},
              "eagle3cli.decode.tree": {"eagle3cli.commands.common"}}
-    assert wing_violations(graph) == ["eagle3cli.decode.tree -> eagle3cli.commands.common (a wing imports the CLI layer)",
-                                      "eagle3cli.model.draft (model) -> eagle3cli.train.trainer (train)"]
+    assert wing_violations(graph) == [
+        "eagle3cli.decode.tree -> eagle3cli.commands.common (a wing imports the CLI layer)",
+        "eagle3cli.model.draft (model) -> eagle3cli.train.trainer (train)"]
 
 
 def test_find_cycle_finds_one():
@@ -182,8 +183,8 @@ def test_the_feature_store_contract_has_one_home():
     """features.py owns the store (format, manifest, checks, fingerprints);
     the trainer reads stores without importing the gen-data pipeline."""
     graph = import_graph()
-    trainer_side = ["eagle3cli.train.trainer", "eagle3cli.train.batching", "eagle3cli.train.checkpoints", "eagle3cli.train.train_report",
-                    "eagle3cli.config.train_config"]
+    trainer_side = ["eagle3cli.train.trainer", "eagle3cli.train.batching", "eagle3cli.train.checkpoints",
+                    "eagle3cli.train.train_report", "eagle3cli.config.train_config"]
     for m in trainer_side:
         assert "eagle3cli.data.gen_data" not in graph[m], m
     literal = '"eagle3-features"'
@@ -216,7 +217,8 @@ def test_the_design_doc_lists_every_module_of_each_wing():
         m = re.match(r"\| `(\w+)` \| ((?:`\w+`(?:, )?)+) \|", line)
         if m and m.group(1) in WINGS:
             table[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2)))
-    on_disk = {w: {p.stem for p in (PACKAGE / w).glob("*.py") if p.stem != "__init__"} for w in WINGS}
+    on_disk = {w: {p.stem for p in (PACKAGE / w).glob("*.py") if p.stem != "__init__"}
+               | {p.parent.name for p in (PACKAGE / w).glob("*/__init__.py")} for w in WINGS}  # subpackages too
     assert table == on_disk
 
 
@@ -226,10 +228,10 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # Today's offenders, each to be split (issue "Release 0.3.0"): an entry goes once its module or
 # function is within the limits (the test below fails on an entry that no longer offends).
-LONG_MODULES = {"data/features.py", "data/gen_data.py", "data/sources.py", "decode/fast_target.py",
-                "decode/generator.py", "evaluate/evaluate.py", "publish/formats.py"}
+LONG_MODULES = {"data/features.py", "data/sources.py", "decode/fast_target.py", "decode/generator.py",
+                "evaluate/evaluate.py"}
 LONG_FUNCTIONS = {"decode/generator.py:speculative_generate", "evaluate/evaluate.py:evaluate",
-                  "evaluate/llamacpp.py:run", "evaluate/vllm_eval.py:run", "publish/gguf_export.py:write_draft_gguf"}
+                  "evaluate/llamacpp.py:run"}
 
 
 def size_offenders(package: Path = PACKAGE) -> tuple[dict[str, int], dict[str, int]]:

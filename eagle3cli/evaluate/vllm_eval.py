@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines import engine_support
-from .replay import prompt_counter, replay_plain
 from ..engines.vllm_engine import VllmEngineError, VllmWorker, find_vllm_python
+from .replay import prompt_counter, replay_plain
 
 NAME = "vLLM"
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
@@ -162,15 +162,43 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
 
     ``loaded``: [(task, [Prompt])] as evaluate.load_task returns.
     """
-    from .evaluate import encode
-
-    from ..core.io_utils import ensure_dir, writing
+    from ..core.io_utils import ensure_dir
 
     out = ensure_dir(out) if out is not None else None
     if target_config is not None:
         check_target(target_config)
     draft_dir, converted = serving_draft(draft, out or Path("."), target_config, log)
     python, version = check_python(python)
+    model_len = model_len or _model_len(loaded, tokenizer, max_new_tokens, k)
+    base = {"model": str(target), "k": int(k), "dtype": dtype, "max_model_len": model_len, "seed": 0,
+            "kv_cache_gib": kv_cache_gib, "threads": threads, "extra": dict(extra or {})}
+    startup = {}
+    log(f"vLLM {version}: plain decoding ({python})")
+    plain, replay = _run_plain(_worker(python, base, out, None), loaded, tokenizer, max_new_tokens, warmup_tokens,
+                               startup, log, progress)
+    log(f"vLLM {version}: speculative decoding, EAGLE-3 draft {draft_dir}, chain of {k}")
+    spec, mismatches, per_task, total, info = _run_speculative(_worker(python, base, out, draft_dir), loaded, replay,
+                                                               max_new_tokens, warmup_tokens, startup, log, progress)
+    return {
+        "name": NAME,
+        "version": version,
+        "python": python,
+        "draft": str(draft_dir),
+        "converted_from": converted,
+        "settings": {"spec_type": "eagle3", "spec_draft_n_max": int(k), "threads": threads, "temperature": 0.0,
+                     "max_new_tokens": max_new_tokens, "dtype": info.get("dtype"), "max_model_len": model_len,
+                     "kv_cache_gib": kv_cache_gib, "timing": "wall seconds per answer, prefill included, "
+                                                            "one prompt at a time"},
+        "startup_s": startup,
+        "metrics": summarize(total),
+        "tasks": _task_sections(loaded, plain, spec, mismatches, per_task),
+    }
+
+
+def _model_len(loaded, tokenizer, max_new_tokens: int, k: int) -> int:
+    """max_model_len for these prompts: the longest first turn, or every turn with a full answer each."""
+    from .evaluate import encode
+
     first_turns = [encode(tokenizer, [{"role": "user", "content": p.turns[0]}]).shape[-1]
                    for _, ps in loaded for p in ps]
     if not first_turns:
@@ -178,25 +206,25 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
     # Later turns carry the earlier answers: bound them by every turn's text plus a full answer each.
     longest = max(sum(len(tokenizer(t).input_ids) + 32 + max_new_tokens for t in p.turns)
                   for _, ps in loaded for p in ps)
-    model_len = model_len or max_model_len(max(longest, max(first_turns)), max_new_tokens, k)
-    base = {"model": str(target), "k": int(k), "dtype": dtype, "max_model_len": model_len, "seed": 0,
-            "kv_cache_gib": kv_cache_gib, "threads": threads, "extra": dict(extra or {})}
+    return max_model_len(max(longest, max(first_turns)), max_new_tokens, k)
 
-    def worker(draft_path):
-        name = "vllm-spec.log" if draft_path else "vllm-plain.log"
-        fh = None
-        if out is not None:
-            with writing(out / name):
-                fh = open(out / name, "w")
-        return VllmDecoder(python, {**base, "draft": str(draft_path) if draft_path else None}, log=fh), fh
 
+def _worker(python: str, base: dict, out: Path | None, draft_path):
+    """(a VllmDecoder, plain without ``draft_path``, and its log file under ``out`` or None)."""
+    from ..core.io_utils import writing
+
+    name = "vllm-spec.log" if draft_path else "vllm-plain.log"
+    fh = None
+    if out is not None:
+        with writing(out / name):
+            fh = open(out / name, "w")
+    return VllmDecoder(python, {**base, "draft": str(draft_path) if draft_path else None}, log=fh), fh
+
+
+def _run_plain(worker, loaded, tokenizer, max_new_tokens: int, warmup_tokens: int, startup: dict, log, progress):
+    """Plain decoding of every prompt: ({task: Tally}, the replay the speculative run is checked against)."""
     plain = {task: Tally() for task, _ in loaded}
-    spec = {task: Tally() for task, _ in loaded}
-    mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
-    startup = {}
-
-    log(f"vLLM {version}: plain decoding ({python})")
-    w, fh = worker(None)
+    w, fh = worker
     try:
         startup["plain_s"] = w.start().get("startup_s")
 
@@ -211,10 +239,16 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
         w.close()
         if fh:
             fh.close()
+    return plain, replay
 
-    log(f"vLLM {version}: speculative decoding, EAGLE-3 draft {draft_dir}, chain of {k}")
-    w, fh = worker(draft_dir)
+
+def _run_speculative(worker, loaded, replay, max_new_tokens: int, warmup_tokens: int, startup: dict, log, progress):
+    """Speculative decoding of the replayed contexts: ({task: Tally}, {task: mismatched prompt ids},
+    {task: counter differences}, the run's counter differences, the engine's start info)."""
+    spec = {task: Tally() for task, _ in loaded}
+    mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
     per_task = {}
+    w, fh = worker
     try:
         info = w.start()
         startup["speculative_s"] = info.get("startup_s")
@@ -240,7 +274,11 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
         w.close()
         if fh:
             fh.close()
+    return spec, mismatches, per_task, total, info
 
+
+def _task_sections(loaded, plain: dict, spec: dict, mismatches: dict, per_task: dict) -> dict:
+    """results.json's per-task entries: tau, acceptance, tokens/s of both runs, speed-up and losslessness."""
     tasks = {}
     for task, prompts in loaded:
         b, sp = plain[task], spec[task]
@@ -257,20 +295,7 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
             "lossless": not mismatches[task],
             "mismatches": mismatches[task],
         }
-    return {
-        "name": NAME,
-        "version": version,
-        "python": python,
-        "draft": str(draft_dir),
-        "converted_from": converted,
-        "settings": {"spec_type": "eagle3", "spec_draft_n_max": int(k), "threads": threads, "temperature": 0.0,
-                     "max_new_tokens": max_new_tokens, "dtype": info.get("dtype"), "max_model_len": model_len,
-                     "kv_cache_gib": kv_cache_gib, "timing": "wall seconds per answer, prefill included, "
-                                                            "one prompt at a time"},
-        "startup_s": startup,
-        "metrics": summarize(total),
-        "tasks": tasks,
-    }
+    return tasks
 
 
 def engine_table(section: dict):

@@ -221,10 +221,9 @@ def write_draft_gguf(draft_dir, target_gguf, out_file, outtype: str = "f32", nam
     """Write the draft as llama.cpp's converter would, taking the tokenizer from ``target_gguf``."""
     try:
         import gguf
-        import numpy as np
+        import numpy  # noqa: F401  (the gguf package's own dependency: one line when it is missing)
     except ImportError:
         raise GGUFExportError("writing a GGUF needs the gguf package: pip install gguf") from None
-    import torch
 
     from .export import read_config, read_tensors
 
@@ -235,85 +234,108 @@ def write_draft_gguf(draft_dir, target_gguf, out_file, outtype: str = "f32", nam
                               "or pass --llama-cpp DIR to let llama.cpp's converter do both)")
     cfg = read_config(draft_dir)
     tensors = read_tensors(draft_dir)
-    from .export import options_from_json
-
     check_options(draft_dir, cfg)
     ids = list(cfg.get("eagle_aux_hidden_state_layer_ids") or [])
     if len(ids) != 3:
         raise GGUFExportError(f"{draft_dir}: llama.cpp needs exactly 3 eagle_aux_hidden_state_layer_ids, got {ids}")
     reader = gguf.GGUFReader(str(target_gguf))
+    _check_target(draft_dir, cfg, ids, reader, target_gguf)
+    theta = _rope_theta(draft_dir, cfg)
+    out = Path(out_file)
+    with atomic_path(out) as tmp:  # a fault part-way leaves no half-written GGUF
+        w = gguf.GGUFWriter(str(tmp), ARCH)
+        _write_keys(gguf, w, cfg, ids, theta, outtype, name or Path(draft_dir).resolve().name)
+        _copy_tokenizer(gguf, reader, w)
+        _write_tensors(gguf, w, cfg, tensors, outtype, draft_dir)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return out
+
+
+def _check_target(draft_dir, cfg: dict, ids: list[int], reader, target_gguf):
+    """The target GGUF is this draft's target: its vocabulary, and layers enough for ``ids``."""
     t_arch = reader.fields["general.architecture"].contents()
     t_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     if t_vocab != cfg["vocab_size"]:
-        raise GGUFExportError(f"target GGUF {target_gguf} has {t_vocab} tokens, the draft's target {cfg['vocab_size']}: "
-                              "not this draft's target")
+        raise GGUFExportError(f"target GGUF {target_gguf} has {t_vocab} tokens, the draft's target "
+                              f"{cfg['vocab_size']}: not this draft's target")
     t_layers = reader.fields.get(f"{t_arch}.block_count")
     if t_layers is not None and max(ids) > int(t_layers.contents()):
         raise GGUFExportError(f"{draft_dir}: layer ids {ids} exceed the target's {t_layers.contents()} layers")
 
-    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
-    nkv = cfg.get("num_key_value_heads") or nh
-    head_dim = cfg.get("head_dim") or h // nh
+
+def _rope_theta(draft_dir, cfg: dict) -> float:
+    """The RoPE base; other RoPE types are refused (llama.cpp's converter writes their keys)."""
     rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = rp.get("rope_type", rp.get("type"))
     if rope_type not in (None, "default"):
         raise GGUFExportError(f"{draft_dir}: RoPE type {rope_type!r} is written by llama.cpp's converter only: "
                               "pass --llama-cpp DIR")
+    return theta
 
-    out = Path(out_file)
-    with atomic_path(out) as tmp:  # a fault part-way leaves no half-written GGUF
-        w = gguf.GGUFWriter(str(tmp), ARCH)
-        w.add_type("model")
-        w.add_name(name or Path(draft_dir).resolve().name)
-        w.add_block_count(1)
-        w.add_context_length(cfg["max_position_embeddings"])
-        w.add_embedding_length(h)
-        w.add_feed_forward_length(cfg["intermediate_size"])
-        w.add_head_count(nh)
-        w.add_head_count_kv(nkv)
-        w.add_rope_freq_base(theta)
-        w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-        if cfg.get("head_dim") is not None:
-            w.add_key_length(head_dim)
-            w.add_value_length(head_dim)
-        w.add_file_type(FILE_TYPES[outtype])
-        w.add_vocab_size(cfg["vocab_size"])
-        w.add_rope_dimension_count(head_dim)
-        w.add_array(f"{ARCH}.target_layers", [int(i) for i in ids])
-        w.add_uint32(f"{ARCH}.target_hidden_size", int(cfg.get("target_hidden_size") or h))
-        w.add_bool(f"{ARCH}.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
-        w.add_bool(f"{ARCH}.norm_before_fc", options_from_json(cfg)["norm_before_fc"])
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        _copy_tokenizer(gguf, reader, w)
 
-        for src, dst in TENSOR_NAMES.items():
-            if src not in tensors or src == "d2t":
-                continue
-            t = tensors[src].to(torch.float32)
-            if src.endswith("q_proj.weight"):
-                t = _permute(t, nh)
-            elif src.endswith("k_proj.weight"):
-                t = _permute(t, nkv)
-            data = t.numpy()
-            qtype = _qtype(gguf, dst, data.ndim, outtype)
-            try:
-                packed = gguf.quants.quantize(data, qtype)
-            except gguf.QuantError:  # the converter's fallback for shapes Q8_0 cannot hold
-                qtype = gguf.GGMLQuantizationType.F16
-                packed = gguf.quants.quantize(data, qtype)
-            w.add_tensor(dst, packed, raw_dtype=qtype)
-        d2t = tensors["d2t"].to(torch.int64).numpy().reshape(-1)
-        absolute = d2t + np.arange(d2t.size, dtype=np.int64)
-        if np.any((absolute < 0) | (absolute >= cfg["vocab_size"])) or np.unique(absolute).size != absolute.size:
-            raise GGUFExportError(f"{draft_dir}: d2t maps outside the target vocabulary or twice to one token; "
-                                  f"run `eagle3 inspect {draft_dir}`")
-        w.add_tensor("d2t", absolute, raw_dtype=gguf.GGMLQuantizationType.I64)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    return out
+def _write_keys(gguf, w, cfg: dict, ids: list[int], theta: float, outtype: str, name: str):
+    """The metadata keys llama.cpp's converter writes for an EAGLE-3 draft (tokenizer aside)."""
+    from .export import options_from_json
+
+    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or h // nh
+    w.add_type("model")
+    w.add_name(name)
+    w.add_block_count(1)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(cfg.get("num_key_value_heads") or nh)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    if cfg.get("head_dim") is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_file_type(FILE_TYPES[outtype])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_array(f"{ARCH}.target_layers", [int(i) for i in ids])
+    w.add_uint32(f"{ARCH}.target_hidden_size", int(cfg.get("target_hidden_size") or h))
+    w.add_bool(f"{ARCH}.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
+    w.add_bool(f"{ARCH}.norm_before_fc", options_from_json(cfg)["norm_before_fc"])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _write_tensors(gguf, w, cfg: dict, tensors: dict, outtype: str, draft_dir):
+    """The draft's tensors under llama.cpp's names (q/k permuted as its converter does), then d2t
+    as absolute target ids."""
+    import numpy as np
+    import torch
+
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    for src, dst in TENSOR_NAMES.items():
+        if src not in tensors or src == "d2t":
+            continue
+        t = tensors[src].to(torch.float32)
+        if src.endswith("q_proj.weight"):
+            t = _permute(t, nh)
+        elif src.endswith("k_proj.weight"):
+            t = _permute(t, nkv)
+        data = t.numpy()
+        qtype = _qtype(gguf, dst, data.ndim, outtype)
+        try:
+            packed = gguf.quants.quantize(data, qtype)
+        except gguf.QuantError:  # the converter's fallback for shapes Q8_0 cannot hold
+            qtype = gguf.GGMLQuantizationType.F16
+            packed = gguf.quants.quantize(data, qtype)
+        w.add_tensor(dst, packed, raw_dtype=qtype)
+    d2t = tensors["d2t"].to(torch.int64).numpy().reshape(-1)
+    absolute = d2t + np.arange(d2t.size, dtype=np.int64)
+    if np.any((absolute < 0) | (absolute >= cfg["vocab_size"])) or np.unique(absolute).size != absolute.size:
+        raise GGUFExportError(f"{draft_dir}: d2t maps outside the target vocabulary or twice to one token; "
+                              f"run `eagle3 inspect {draft_dir}`")
+    w.add_tensor("d2t", absolute, raw_dtype=gguf.GGMLQuantizationType.I64)
 
 
 # ---------------------------------------------------------------- one entry point
