@@ -413,3 +413,51 @@ def test_card_takes_the_fastest_lossless_llamacpp_setting(draft_dir, this_checko
     assert best_llamacpp([results[1]]) is None  # not lossless: nothing to recommend
     plain = render_card(read_config(draft_dir), "me/x", "me/tiny", [results[1]], gguf_files=["draft-f32.gguf"]).text
     assert "-md draft-f32.gguf --spec-type draft-eagle3 --spec-draft-n-max 3\n```" in plain
+
+
+FAKE_CONVERTER = """import sys
+out = sys.argv[sys.argv.index("--outfile") + 1]
+open(out, "wb").write(b"GGUF")
+"""
+
+
+def test_quickstart_measures_llamacpp_beside_ours(smol_tiny_dir, tmp_path, monkeypatch):
+    """With llama.cpp installed ($EAGLE3_LLAMA_CPP: a fake llama-server and converter), the
+    quickstart's eval converts the target once into the cache, times llama.cpp's plain decoding
+    beside ours, takes the speedup against the faster, and its table names both."""
+    from test_quickstart import _prompts
+
+    from eagle3cli.commands.quickstart import plain_decoding
+    from eagle3cli.evaluate.llamacpp import missing_modules
+    from eagle3cli.workflows.quickstart import QuickstartOptions, run
+
+    if missing_modules():
+        pytest.skip(f"no {', '.join(missing_modules())}: the baseline is skipped without the [llamacpp] extra")
+    src = tmp_path / "llama.cpp"
+    python_wrapper(src / "llama-server", FAKE)
+    (src / "convert_hf_to_gguf.py").write_text(FAKE_CONVERTER)
+    monkeypatch.setenv("EAGLE3_LLAMA_CPP", str(src))
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_LLAMA_SPEED", "1e6")  # llama.cpp reports far faster decoding than ours
+    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
+    threads = torch.get_num_threads()
+    out = tmp_path / "qs"
+    _prompts(out / "prompts.jsonl")
+    opts = QuickstartOptions(out=out, model=str(smol_tiny_dir), samples=8, steps=2, max_new_tokens=8,
+                             max_length=128, max_tokens=256, eval_prompts=1, eval_tokens=8, tree="2,1",
+                             base_model="someone/tiny-llama")
+    try:
+        res = run(opts, log=lambda m: None)
+    finally:
+        torch.set_num_threads(threads)
+    task = res.results["tasks"]["mt_bench"]
+    tps = task["tokens_per_s"]
+    assert task["baseline_from"] == "llamacpp" and tps["baseline"] == tps["baseline_llamacpp"]
+    assert task["speedup"] == pytest.approx(tps["speculative"] / tps["baseline_llamacpp"])
+    gguf = Path(res.results["plain_engine"]["target_gguf"])
+    assert gguf.name == "target-f32.gguf" and gguf.is_relative_to(tmp_path / "cache" / "gguf") and gguf.is_file()
+    (start,) = [json.loads(ln) for ln in (tmp_path / "args.jsonl").read_text().splitlines()]
+    assert start[start.index("-m") + 1] == str(gguf)
+    ours = max(tps["baseline_hf"], tps["baseline_fast"])
+    assert plain_decoding(tps) == f"{tps['baseline']:.1f} tok/s (llama.cpp {tps['baseline_llamacpp']:.1f}, ours {ours:.1f})"
+    assert plain_decoding({"baseline": 12.34, "baseline_fast": 12.34}) == "12.3 tok/s"

@@ -62,7 +62,7 @@ def quickstart(
     table.add_row("tree (nodes, depth, top-k)", f"{st['total_tokens']}, {st['depth']}, {st['top_k']}"
                   + (" (auto: the fastest measured here)" if st.get("tree_auto") else ""))
     table.add_row("tau (mean acceptance length)", f"{task['tau']:.2f}" if task["tau"] else "-")
-    table.add_row("plain decoding", f"{tps['baseline']:.1f} tok/s" if tps.get("baseline") else "-")
+    table.add_row("plain decoding", plain_decoding(tps))
     table.add_row("speculative decoding", f"{tps['speculative']:.1f} tok/s" if tps.get("speculative") else "-")
     table.add_row("speedup", f"{task['speedup']:.2f}x" if task["speedup"] else "-")
     table.add_row("lossless (greedy-identical)", "yes" if task["lossless"] else "NO")
@@ -76,3 +76,14 @@ def quickstart(
     out.print(table)
     out.print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
               f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)
+
+
+def plain_decoding(tps: dict) -> str:
+    """The table's plain-decoding cell: the fastest plain decoder's tokens/s (what the speedup is
+    against), with ours and llama.cpp's beside it where llama.cpp was measured too."""
+    if not tps.get("baseline"):
+        return "-"
+    if not tps.get("baseline_llamacpp"):
+        return f"{tps['baseline']:.1f} tok/s"
+    ours = max(tps.get("baseline_hf") or 0, tps.get("baseline_fast") or 0)
+    return f"{tps['baseline']:.1f} tok/s (llama.cpp {tps['baseline_llamacpp']:.1f}, ours {ours:.1f})"
