@@ -145,7 +145,7 @@ def _finish(results, opts: EvalOptions, section):
 def show(results: dict):
     from rich.table import Table
 
-    from ..evaluate.evaluate import fmt
+    from ..evaluate.report import fmt
 
     out = report_console()
     if results.get("engine"):

@@ -10,7 +10,6 @@ mismatch is reported with its prompt id.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -759,7 +758,3 @@ def write_results(results: dict, out_dir: str | Path) -> tuple[Path, Path | None
     out = ensure_dir(out_dir)
     write_json(out / "results.json", results)
     return out / "results.json", plot(results, out / "results.png")
-
-
-def fmt(x, spec=".2f"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)

@@ -479,7 +479,7 @@ def engine_table(section: dict):
     """The printed table of the engine section (rich Table)."""
     from rich.table import Table
 
-    from .evaluate import fmt
+    from .report import fmt
 
     s = section["settings"]
     t = Table(title=f"{section['name']}: {s['spec_type']}, chain {s['spec_draft_n_max']}, p-min {s['spec_draft_p_min']}, "

@@ -39,7 +39,7 @@ def replay_plain(loaded, tokenizer, decode: Callable[[str, list[int]], tuple[lis
     """Decode every turn of every prompt of ``loaded`` ([(task, [Prompt])]) with ``decode(task, ids)
     -> (answer token ids, answer text or None)``; ``warmup(ids)`` runs once before the first
     answer, ``after_prompt(done, total)`` after each prompt."""
-    from .evaluate import encode
+    from ..data.turns import encode
 
     run = PlainReplay()
     total, done = sum(len(ps) for _, ps in loaded), 0

@@ -197,7 +197,7 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
 
 def _model_len(loaded, tokenizer, max_new_tokens: int, k: int) -> int:
     """max_model_len for these prompts: the longest first turn, or every turn with a full answer each."""
-    from .evaluate import encode
+    from ..data.turns import encode
 
     first_turns = [encode(tokenizer, [{"role": "user", "content": p.turns[0]}]).shape[-1]
                    for _, ps in loaded for p in ps]
@@ -302,7 +302,7 @@ def engine_table(section: dict):
     """The printed table of the vLLM engine section (rich Table)."""
     from rich.table import Table
 
-    from .evaluate import fmt
+    from .report import fmt
 
     s = section["settings"]
     t = Table(title=f"vLLM {section.get('version') or ''}: EAGLE-3, chain {s['spec_draft_n_max']}, greedy, "
