@@ -272,8 +272,10 @@ def test_push_dry_run_with_gguf(draft_dir, target_gguf, tmp_path, monkeypatch, t
            "llama-server -m TARGET.gguf -md draft-q8_0.gguf --spec-type draft-eagle3 --spec-draft-n-max 3" in card
     r = runner.invoke(app, args)  # an earlier dry run with a GGUF in it is replaced, not refused
     assert r.exit_code == 0 and "replacing the earlier dry run" in r.output, r.output
-    r = runner.invoke(app, args[:-4] + ["--gguf", "q4"])
-    assert r.exit_code == 2 and "'q4' is not one of 'f32', 'f16', 'bf16', 'q8_0'" in r.output
+    r = runner.invoke(app, args[:-4] + ["--gguf", "q4"], env={"COLUMNS": "1000"})
+    said = " ".join(r.output.replace("│", " ").split())  # the parser's box, its wrapping undone
+    assert r.exit_code == 2 and "--gguf" in said and "'q4'" in said, r.output
+    assert all(f"'{t}'" in said for t in ("f32", "f16", "bf16", "q8_0")), r.output  # the choices it names
 
 
 def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
