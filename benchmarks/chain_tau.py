@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from eagle3cli.decode.generator import speculative_generate
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file
+    from eagle3cli.data.turns import encode
+    from eagle3cli.evaluate.tasks import load_turns_file
 
     target, tok, draft, s, fast, note = setup(args)
     depth = s.depth
@@ -74,7 +75,8 @@ def setup(args, draft_dtype: str = "float32"):
     import torch
 
     from eagle3cli.decode.generator import SpecSettings
-    from eagle3cli.evaluate.evaluate import EvalConfig, build_fast_target, pack_for_run
+    from eagle3cli.evaluate.eval_config import EvalConfig
+    from eagle3cli.evaluate.fast_setup import build_fast_target, pack_for_run
     from eagle3cli.model.target import TargetSpec, load_config, load_target, load_tokenizer
     from eagle3cli.publish.formats.readers import read_draft
     from eagle3cli.publish.formats.writers import as_ours

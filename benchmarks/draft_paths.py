@@ -37,7 +37,9 @@ def main(argv=None) -> int:
 
     from eagle3cli.decode.fast_target import FastTarget
     from eagle3cli.decode.generator import EagleDrafter, SpecSettings, speculative_generate
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file, pack_drafter, pack_for_run
+    from eagle3cli.data.turns import encode
+    from eagle3cli.evaluate.fast_setup import pack_drafter, pack_for_run
+    from eagle3cli.evaluate.tasks import load_turns_file
     from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
     from eagle3cli.publish.formats.readers import read_draft
     from eagle3cli.publish.formats.writers import as_ours

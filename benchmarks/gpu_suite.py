@@ -96,7 +96,7 @@ class Replay:
 
 
 def verify_curve(target, fast, prefix, sizes, dev):
-    from eagle3cli.evaluate.evaluate import verify_latency
+    from eagle3cli.evaluate.tree_auto import verify_latency
 
     hf = verify_latency(target, prefix, sizes=sizes, repeats=5)
     out = {}

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llamacpp_bench import plain_tps, prompts, run_spec, summarize  # noqa: E402
 
-from eagle3cli.evaluate.llamacpp import cached_target_gguf, find_binary  # noqa: E402
+from eagle3cli.evaluate.llamacpp import find_binary  # noqa: E402
+from eagle3cli.evaluate.llamacpp_baseline import cached_target_gguf  # noqa: E402
 
 
 def main():

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 
 from eagle3cli.decode.fast_target import ONEDNN, FastTarget  # noqa: E402
 from eagle3cli.decode.generator import row_argmax  # noqa: E402
-from eagle3cli.evaluate.llamacpp import OUTTYPES, SERVER, Server, cached_target_gguf, find_binary  # noqa: E402
+from eagle3cli.evaluate.llamacpp import SERVER, Server, find_binary  # noqa: E402
+from eagle3cli.evaluate.llamacpp_baseline import OUTTYPES, cached_target_gguf  # noqa: E402
 
 PACKINGS = {"onednn": (ONEDNN,), "mkl1": (1,), "none": ()}
 

@@ -92,14 +92,8 @@ def setup(args):
     """Target, tokenizer, drafter, settings and fast path as ``eagle3 eval`` builds them here."""
     from eagle3cli.decode.fast_draft import compute_dtype, weights_for
     from eagle3cli.decode.generator import SpecSettings, as_drafter
-    from eagle3cli.evaluate.evaluate import (
-        EvalConfig,
-        build_fast_target,
-        check_exact,
-        eval_dtype,
-        pack_drafter,
-        pack_for_run,
-    )
+    from eagle3cli.evaluate.eval_config import EvalConfig
+    from eagle3cli.evaluate.fast_setup import build_fast_target, check_exact, eval_dtype, pack_drafter, pack_for_run
     from eagle3cli.model.target import TargetSpec, load_config, load_target, load_tokenizer
     from eagle3cli.publish.formats.readers import read_draft
     from eagle3cli.publish.formats.writers import as_ours
@@ -144,7 +138,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from eagle3cli.decode.generator import greedy_generate, speculative_generate
-    from eagle3cli.evaluate.evaluate import encode, load_turns_file
+    from eagle3cli.data.turns import encode
+    from eagle3cli.evaluate.tasks import load_turns_file
     from eagle3cli.workflows.quickstart import bundled_prompts
 
     target, tok, drafter, s, fast = setup(args)

@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.decode.generator import SpecOutput
-from eagle3cli.evaluate.evaluate import EvalError, choose_tree, load_task, load_turns_file
+from eagle3cli.evaluate.eval_config import EvalError
+from eagle3cli.evaluate.tasks import load_task, load_turns_file
+from eagle3cli.evaluate.tree_auto import choose_tree
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.layers import default_layer_ids
 from eagle3cli.publish.export import save_draft
@@ -201,7 +203,8 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
 
 def test_eval_dtype_auto_takes_bf16_on_amx_cpus_for_greedy_fast_verification(monkeypatch):
     from eagle3cli.core import hardware
-    from eagle3cli.evaluate.evaluate import EvalConfig, eval_dtype
+    from eagle3cli.evaluate.eval_config import EvalConfig
+    from eagle3cli.evaluate.fast_setup import eval_dtype
     from eagle3cli.model.target import TargetSpec
 
     greedy = EvalConfig(tasks=["mt_bench"])
@@ -314,7 +317,8 @@ def test_choose_tree_prefers_small_trees_when_verification_is_expensive():
 
 def test_mt_bench_falls_back_to_the_bundled_questions_offline():
     """No Hub here (HF_HUB_OFFLINE): mt_bench still loads, from the copy shipped in the package."""
-    from eagle3cli.evaluate.evaluate import EvalError, load_task
+    from eagle3cli.evaluate.eval_config import EvalError
+    from eagle3cli.evaluate.tasks import load_task
 
     task, prompts = load_task("mt_bench", limit=3)
     assert task == "mt_bench" and [p.id for p in prompts] == ["81", "82", "83"]

@@ -228,10 +228,8 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # Today's offenders, each to be split (issue "Release 0.3.0"): an entry goes once its module or
 # function is within the limits (the test below fails on an entry that no longer offends).
-LONG_MODULES = {"data/features.py", "data/sources.py", "decode/fast_target.py", "decode/generator.py",
-                "evaluate/evaluate.py"}
-LONG_FUNCTIONS = {"decode/generator.py:speculative_generate", "evaluate/evaluate.py:evaluate",
-                  "evaluate/llamacpp.py:run"}
+LONG_MODULES = {"data/features.py", "data/sources.py", "decode/fast_target.py", "decode/generator.py"}
+LONG_FUNCTIONS = {"decode/generator.py:speculative_generate"}
 
 
 def size_offenders(package: Path = PACKAGE) -> tuple[dict[str, int], dict[str, int]]:

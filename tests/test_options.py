@@ -164,7 +164,7 @@ def test_eval_tree_defaults_by_device(tmp_path, kw, shape):
 
 
 def test_eval_config_from_options(tmp_path):
-    from eagle3cli.evaluate.evaluate import EvalConfig
+    from eagle3cli.evaluate.eval_config import EvalConfig
 
     cfg = EvalConfig.from_options(eval_options(tmp_path, task=["gsm8k"], data="p.jsonl", tree="20,5,4",
                                                baseline="prompt-lookup", seed=3, temperature=0.5, fast="off"))

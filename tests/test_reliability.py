@@ -92,7 +92,7 @@ def test_every_user_error_class_shares_one_base():
     from eagle3cli.data.gen_errors import GenDataError
     from eagle3cli.data.merge_data import MergeError
     from eagle3cli.data.sources import SourceError
-    from eagle3cli.evaluate.evaluate import EvalError
+    from eagle3cli.evaluate.eval_config import EvalError
     from eagle3cli.publish.push import DraftRejected, PushError
 
     for cls in (GenDataError, TrainError, EvalError, PushError, DraftRejected, SourceError, NoChatTemplate,
@@ -178,7 +178,8 @@ def test_eval_out_that_is_a_file_fails_before_any_prompt(smol_tiny_dir, draft_fo
 
 
 def test_eval_turns_must_be_a_list(tmp_path):
-    from eagle3cli.evaluate.evaluate import EvalError, load_turns_file
+    from eagle3cli.evaluate.eval_config import EvalError
+    from eagle3cli.evaluate.tasks import load_turns_file
 
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"turns": "not a list"}) + "\n")
@@ -191,7 +192,7 @@ def test_mt_bench_does_not_wait_for_an_unreachable_hub(monkeypatch):
 
     import datasets
 
-    from eagle3cli.evaluate.evaluate import load_task
+    from eagle3cli.evaluate.tasks import load_task
 
     calls = []
 
@@ -565,7 +566,8 @@ def test_ctrl_c_in_train_says_how_to_resume(token_store, tmp_path, monkeypatch):
 
 
 def test_eval_turns_file_with_a_bom_or_not_utf8(tmp_path):
-    from eagle3cli.evaluate.evaluate import EvalError, load_turns_file
+    from eagle3cli.evaluate.eval_config import EvalError
+    from eagle3cli.evaluate.tasks import load_turns_file
 
     p = tmp_path / "t.jsonl"
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"turns": ["Hi"]}).encode() + b"\n")

@@ -52,7 +52,9 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     import torch
 
     from ..decode.generator import check_supported
-    from ..evaluate.evaluate import EvalConfig, check_draft, evaluate_spec, load_task
+    from ..evaluate.eval_config import EvalConfig
+    from ..evaluate.evaluate import check_draft, evaluate_spec
+    from ..evaluate.tasks import load_task
     from ..model.target import load_config, load_tokenizer
     from ..publish.formats.readers import read_draft
     from ..publish.formats.writers import as_ours
@@ -96,7 +98,7 @@ def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
     import signal
     import sys
 
-    from ..evaluate.evaluate import load_task
+    from ..evaluate.tasks import load_task
     from ..evaluate.llamacpp import engine_files, run
     from ..model.target import load_tokenizer
 
@@ -114,7 +116,7 @@ def _run_vllm(opts: EvalOptions, spec) -> dict:
     import signal
     import sys
 
-    from ..evaluate.evaluate import load_task
+    from ..evaluate.tasks import load_task
     from ..evaluate.vllm_eval import run
     from ..model.target import load_config, load_tokenizer
 
@@ -127,7 +129,7 @@ def _run_vllm(opts: EvalOptions, spec) -> dict:
 
 
 def _finish(results, opts: EvalOptions, section):
-    from ..evaluate.evaluate import write_results
+    from ..evaluate.report import write_results
 
     results["target"] = opts.model
     results["draft"] = str(opts.draft)

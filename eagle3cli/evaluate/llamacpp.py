@@ -229,95 +229,6 @@ def version(binary: Path) -> str | None:
     return lines[0] if lines else None
 
 
-# ---------------------------------------------------------------- llama.cpp's plain decoding as a baseline
-
-OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # torch dtype name -> converter --outtype
-
-
-class PlainBaseline:
-    """llama.cpp's plain decoding of the same target, prompt by prompt beside ours (``eagle3 eval``'s
-    ``baseline_llamacpp``). A CPU user decodes with llama.cpp; a speedup against our own plain
-    decoding alone would flatter the draft wherever llama.cpp decodes faster."""
-
-    def __init__(self, binary: Path, target_gguf: Path, threads: int | None = None, ctx: int = 4096,
-                 log_path: Path | None = None):
-        self.binary, self.target_gguf, self.threads = Path(binary), Path(target_gguf), threads
-        self.server = Server(self.binary, self.target_gguf, threads=threads, ctx=ctx, log_path=log_path)
-
-    def __enter__(self):
-        self.server.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.server.__exit__(*exc)
-
-    def decode(self, ids: list[int], max_new_tokens: int) -> tuple[int, float]:
-        """(tokens decoded, seconds): the server's own prompt + decoding time, the span our plain
-        decoders' timings cover (the prompt pass included), without the HTTP round trip."""
-        r = self.server.complete([int(t) for t in ids], max_new_tokens)
-        t = r.get("timings") or {}
-        n = int(t.get("predicted_n", r.get("tokens_predicted", 0)))
-        return n, (float(t.get("prompt_ms", 0.0)) + float(t.get("predicted_ms", 0.0))) / 1000.0
-
-    def describe(self) -> dict:
-        return {"name": "llama.cpp", "binary": str(self.binary), "version": version(self.binary),
-                "target_gguf": str(self.target_gguf), "threads": self.threads,
-                "timing": "server prompt_ms + predicted_ms"}
-
-
-def cached_target_gguf(target_dir: str | Path, outtype: str, llama_cpp=None, log=print) -> Path:
-    """The target converted to GGUF once (llama.cpp's converter) and kept in the eagle3 cache, keyed
-    by the folder and its files' sizes and times: a changed folder is converted again."""
-    import hashlib
-
-    from ..core.realmodels import cache_root
-    from ..publish.gguf_export import GGUFExportError, convert_target
-
-    src = Path(target_dir).resolve()
-    stamp = [str(src)] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(src.iterdir())
-                          if f.is_file() and f.suffix in (".json", ".safetensors", ".bin")]
-    key = hashlib.sha1("\n".join(stamp).encode()).hexdigest()[:12]
-    out = cache_root() / "gguf" / f"{src.name}-{key}" / f"target-{outtype}.gguf"
-    if out.is_file():
-        return out
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        convert_target(src, tmp, outtype, llama_cpp, log)
-    except GGUFExportError as e:
-        tmp.unlink(missing_ok=True)
-        raise LlamaCppError(_with_extra(str(e))) from None
-    tmp.replace(out)
-    return out
-
-
-def plain_baseline(target: str, dtype: str, llama_cpp=None, target_gguf=None, threads: int | None = None,
-                   log_dir: Path | None = None, log=print) -> PlainBaseline | None:
-    """llama.cpp's plain decoding of ``target`` in ``dtype`` where llama.cpp is installed (--llama-cpp,
-    $EAGLE3_LLAMA_CPP or PATH), as ``target_gguf`` or converted once; None, with a note that says
-    why, where it is not or the target cannot be converted."""
-    try:
-        binary = find_binary(SERVER, llama_cpp)
-    except LlamaCppError:
-        log("llama.cpp not found: speedups are against our own plain decoding (`bash benchmarks/build_llamacpp.sh` "
-            "and --llama-cpp DIR add llama.cpp's)")
-        return None
-    try:
-        if target_gguf is None:
-            if dtype not in OUTTYPES or not Path(target).is_dir():
-                log(f"llama.cpp baseline skipped: --target-gguf FILE is needed ({target} in {dtype} is not a local "
-                    "HF folder llama.cpp's converter writes)")
-                return None
-            check_conversion(target, None, "-", llama_cpp)
-            target_gguf = cached_target_gguf(target, OUTTYPES[dtype], llama_cpp, log=lambda m: None)
-        if log_dir:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-        return PlainBaseline(binary, Path(target_gguf), threads,
-                             log_path=Path(log_dir) / "llama-server-baseline.log" if log_dir else None)
-    except LlamaCppError as e:
-        log(f"llama.cpp baseline skipped: {e}")
-        return None
-
-
 # ---------------------------------------------------------------- the evaluation
 
 @dataclass
@@ -360,12 +271,9 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
         log=print, progress=None) -> dict:
     """Plain and speculative llama-server on the same prompts; the ``engine`` section of results.json.
 
-    ``loaded``: [(task, [Prompt])] as evaluate.load_task returns. Multi-turn prompts are replayed
+    ``loaded``: [(task, [Prompt])] as tasks.load_task returns. Multi-turn prompts are replayed
     turn by turn with the plain answer as context, so both runs see the same token ids.
     """
-    plain = {task: Tally() for task, _ in loaded}
-    spec = {task: Tally() for task, _ in loaded}
-    mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
     log_dir = Path(log_dir) if log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -377,59 +285,11 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
 
     log(f"llama.cpp: plain decoding ({binary})")
     with server(None) as s:
-        def decode(task, ids):
-            t0 = time.perf_counter()
-            r = s.complete(ids, max_new_tokens)
-            plain[task].add(r, time.perf_counter() - t0)
-            return list(r.get("tokens") or []), r.get("content")
-
-        replay = replay_plain(loaded, tokenizer, decode, lambda ids: s.complete(ids, warmup_tokens),
-                              prompt_counter(log, "llama.cpp plain", progress))
-    if replay.first is None:
-        raise LlamaCppError("no prompts to run")
+        plain, replay = _plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progress)
     log(f"llama.cpp: speculative decoding, draft {draft_gguf}, chain of {n_max}, p-min {p_min}")
     with server(draft_gguf) as s:
-        s.complete(replay.first, warmup_tokens)
-        before = s.metrics()
-        per_task_metrics = {}
-        done, after = 0, prompt_counter(log, "llama.cpp speculative", progress)
-        for task, prompts in loaded:
-            m0 = s.metrics()
-            for p in prompts:
-                for i, ids in enumerate(replay.contexts[(task, p.id)]):
-                    t0 = time.perf_counter()
-                    r = s.complete(ids, max_new_tokens)
-                    spec[task].add(r, time.perf_counter() - t0)
-                    if replay.mismatch(task, p.id, i, r.get("tokens") or []) and p.id not in mismatches[task]:
-                        mismatches[task].append(p.id)
-                done += 1
-                after(done, len(replay.contexts))
-            per_task_metrics[task] = _delta(s.metrics(), m0)
-        total_metrics = _delta(s.metrics(), before)
-
-    tasks = {}
-    for task, prompts in loaded:
-        b, sp, m = plain[task], spec[task], per_task_metrics.get(task) or {}
-        drafts = m.get("spec_decode_num_drafts_total")
-        tps_b, tps_s = b.tokens_per_s(), sp.tokens_per_s()
-        tasks[task] = {
-            "num_prompts": len(prompts),
-            "answers": sp.answers,
-            "tau": (sp.tokens - sp.answers) / sp.steps if sp.steps else None,
-            "tau_metrics": 1 + m["spec_decode_num_accepted_tokens_total"] / drafts if drafts else None,
-            "drafted": sp.drafted,
-            "accepted": sp.accepted,
-            "verify_steps": int(drafts) if drafts is not None else None,
-            "decode_steps": sp.steps,
-            "acceptance_rate": sp.accepted / sp.drafted if sp.drafted else None,
-            "tokens": {"baseline": b.tokens, "speculative": sp.tokens},
-            "tokens_per_s": {"baseline": tps_b, "speculative": tps_s},
-            "wall_tokens_per_s": {"baseline": b.tokens / b.wall_s if b.wall_s else None,
-                                  "speculative": sp.tokens / sp.wall_s if sp.wall_s else None},
-            "speedup": tps_s / tps_b if tps_b and tps_s else None,
-            "lossless": not mismatches[task],
-            "mismatches": mismatches[task],
-        }
+        spec, mismatches, per_task_metrics, total_metrics = _spec_pass(s, loaded, replay, max_new_tokens,
+                                                                       warmup_tokens, log, progress)
     return {
         "name": "llama.cpp",
         "binary": str(binary),
@@ -440,7 +300,74 @@ def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *,
                      "threads": threads, "threads_draft": threads_draft, "temperature": 0.0,
                      "max_new_tokens": max_new_tokens},
         "metrics": total_metrics,
-        "tasks": tasks,
+        "tasks": {task: _task_summary(len(prompts), plain[task], spec[task], per_task_metrics.get(task) or {},
+                                      mismatches[task]) for task, prompts in loaded},
+    }
+
+
+def _plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progress):
+    """Every turn decoded plainly by server ``s``: ({task: Tally}, the replay whose contexts both runs see)."""
+    plain = {task: Tally() for task, _ in loaded}
+
+    def decode(task, ids):
+        t0 = time.perf_counter()
+        r = s.complete(ids, max_new_tokens)
+        plain[task].add(r, time.perf_counter() - t0)
+        return list(r.get("tokens") or []), r.get("content")
+
+    replay = replay_plain(loaded, tokenizer, decode, lambda ids: s.complete(ids, warmup_tokens),
+                          prompt_counter(log, "llama.cpp plain", progress))
+    if replay.first is None:
+        raise LlamaCppError("no prompts to run")
+    return plain, replay
+
+
+def _spec_pass(s, loaded, replay, max_new_tokens, warmup_tokens, log, progress):
+    """The replay's contexts decoded speculatively by server ``s``: ({task: Tally}, {task: [prompt ids
+    that differ from plain]}, {task: server metrics}, the whole run's server metrics)."""
+    spec = {task: Tally() for task, _ in loaded}
+    mismatches: dict[str, list[str]] = {task: [] for task, _ in loaded}
+    s.complete(replay.first, warmup_tokens)
+    before = s.metrics()
+    per_task_metrics = {}
+    done, after = 0, prompt_counter(log, "llama.cpp speculative", progress)
+    for task, prompts in loaded:
+        m0 = s.metrics()
+        for p in prompts:
+            for i, ids in enumerate(replay.contexts[(task, p.id)]):
+                t0 = time.perf_counter()
+                r = s.complete(ids, max_new_tokens)
+                spec[task].add(r, time.perf_counter() - t0)
+                if replay.mismatch(task, p.id, i, r.get("tokens") or []) and p.id not in mismatches[task]:
+                    mismatches[task].append(p.id)
+            done += 1
+            after(done, len(replay.contexts))
+        per_task_metrics[task] = _delta(s.metrics(), m0)
+    return spec, mismatches, per_task_metrics, _delta(s.metrics(), before)
+
+
+def _task_summary(num_prompts: int, b: Tally, sp: Tally, m: dict, mismatches: list[str]) -> dict:
+    """One task's row of the engine section: tau (from the answers, and from the server's metrics),
+    acceptance, tokens/s of both runs and the lossless verdict."""
+    drafts = m.get("spec_decode_num_drafts_total")
+    tps_b, tps_s = b.tokens_per_s(), sp.tokens_per_s()
+    return {
+        "num_prompts": num_prompts,
+        "answers": sp.answers,
+        "tau": (sp.tokens - sp.answers) / sp.steps if sp.steps else None,
+        "tau_metrics": 1 + m["spec_decode_num_accepted_tokens_total"] / drafts if drafts else None,
+        "drafted": sp.drafted,
+        "accepted": sp.accepted,
+        "verify_steps": int(drafts) if drafts is not None else None,
+        "decode_steps": sp.steps,
+        "acceptance_rate": sp.accepted / sp.drafted if sp.drafted else None,
+        "tokens": {"baseline": b.tokens, "speculative": sp.tokens},
+        "tokens_per_s": {"baseline": tps_b, "speculative": tps_s},
+        "wall_tokens_per_s": {"baseline": b.tokens / b.wall_s if b.wall_s else None,
+                              "speculative": sp.tokens / sp.wall_s if sp.wall_s else None},
+        "speedup": tps_s / tps_b if tps_b and tps_s else None,
+        "lossless": not mismatches,
+        "mismatches": mismatches,
     }
 
 
@@ -463,14 +390,14 @@ def engine_files(draft_dir, target: str, out_dir: Path, target_gguf=None, draft_
                 log(f"converter warning: {w}")
             draft_gguf = files["draft"]
     except GGUFExportError as e:
-        raise LlamaCppError(_with_extra(str(e))) from None
+        raise LlamaCppError(with_extra(str(e))) from None
     for p in (target_gguf, draft_gguf):
         if not Path(p).is_file():
             raise LlamaCppError(f"{p}: no such GGUF file")
     return Path(target_gguf), Path(draft_gguf)
 
 
-def _with_extra(message: str) -> str:
+def with_extra(message: str) -> str:
     """A converter failure on a missing module names the extra that brings it."""
     return f"{message}: {EXTRA}" if "No module named" in message else message
 

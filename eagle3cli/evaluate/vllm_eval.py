@@ -160,7 +160,7 @@ def run(loaded, tokenizer, python: str, target: str, draft: str | Path, *, k: in
         log=print, progress=None) -> dict:
     """Plain and speculative vLLM on the same prompts; the ``engine`` section of results.json.
 
-    ``loaded``: [(task, [Prompt])] as evaluate.load_task returns.
+    ``loaded``: [(task, [Prompt])] as tasks.load_task returns.
     """
     from ..core.io_utils import ensure_dir
 

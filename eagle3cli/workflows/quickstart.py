@@ -162,7 +162,9 @@ def _model_type(model: str) -> str | None:
 
 def _eval(opts: QuickstartOptions, model: str, draft: Path, log, minutes: float | None = None) -> dict:
     from ..config.options import parse_tree
-    from ..evaluate.evaluate import EvalConfig, evaluate_spec, write_results
+    from ..evaluate.eval_config import EvalConfig
+    from ..evaluate.evaluate import evaluate_spec
+    from ..evaluate.report import write_results
     from ..model.target import TargetSpec, load_tokenizer
     from ..publish.export import load_draft
 

@@ -1,0 +1,149 @@
+"""``--tree auto``: the verification latency of each row count on this machine, and the tree
+(total tokens, depth) that a big-tree calibration run says decodes the most tokens a second."""
+
+from __future__ import annotations
+
+import torch
+
+from .eval_config import EvalError
+from .fast_setup import check_exact, pack_drafter, pack_for_run
+from .measure import timed
+
+
+def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repeats=3) -> dict[int, float]:
+    """Seconds of one target forward of n new tokens (after a prefix) on this hardware, as the
+    generator's HF path verifies them (its cache and per-layer masks)."""
+    from ..decode.generator import HFVerifier
+
+    dev = ids.device
+    verifier = HFVerifier(target)
+    with torch.no_grad():
+        verifier.prefill(ids)
+        past = ids.shape[1]
+        lat = {}
+        for n in sizes:
+            new = ids[:, -1:].repeat(1, n)
+            pos = torch.arange(past, past + n, device=dev)[None]
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=dev).tril(past)[None, None]
+            ts = []
+            for _ in range(repeats):
+                _, t = timed(lambda: verifier.verify(new, pos, mask, past), dev)
+                verifier.keep(past, [])
+                ts.append(t)
+            lat[n] = sorted(ts)[len(ts) // 2]
+    return lat
+
+
+def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
+                        repeats=3, decoder=None) -> dict[int, float]:
+    """``verify_latency`` on the fast path: each size timed with every packing ``tune_packing`` would
+    try for it (MKL packed for that size, oneDNN), the fastest kept, as the run that follows will
+    pack (a packed GEMM's cost depends on the row count it is packed for). ``decoder``: the run's
+    own ``fast_target.Decoder`` (left packed for the last size), else one built here."""
+    from ..decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
+
+    dev, past = ids.device, ids.shape[1]
+    decoder = decoder or Decoder(target)  # fused once; each size only re-packs
+    fast = FastTarget(target, min(max_len, past + max(sizes)), decoder=decoder)
+    fast.forward(ids[0], torch.arange(past, device=dev), 0, logits="last")
+
+    def once(n):
+        new, pos = ids[0, -1:].repeat(n), torch.arange(past, past + n, device=dev)
+        return timed(lambda: fast.forward(new, pos, past), dev)[1]
+
+    # The fastest of ``repeats`` rounds over all sizes: other load on the machine only ever adds
+    # time, and a burst of it would hit consecutive timings of one size (a median of three taken
+    # size by size once made 2 rows look as slow as 32 and picked a 31-node tree).
+    lat = dict.fromkeys(sizes, float("inf"))
+
+    def rounds():  # one packing serves every size
+        for n in sizes:
+            once(n)  # warm: the first call after packing pays page faults
+        for _ in range(repeats):
+            for n in sizes:
+                lat[n] = min(lat[n], once(n))
+
+    if Linear.can_pack(decoder.head.weight, ONEDNN):
+        decoder.repack((ONEDNN,))
+        rounds()
+    if not Linear.can_pack(decoder.head.weight):  # no MKL here (bf16 weights): unpacked too
+        decoder.repack(())
+        rounds()
+        return lat
+    for n in sizes:  # MKL: a copy packed for each size
+        decoder.repack((n,))
+        once(n)
+        lat[n] = min(lat[n], *(once(n) for _ in range(repeats)))
+    return lat
+
+
+def _interp(lat: dict[int, float], n: int) -> float:
+    xs = sorted(lat)
+    if n <= xs[0]:
+        return lat[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if n <= b:
+            return lat[a] + (lat[b] - lat[a]) * (n - a) / (b - a)
+    return lat[xs[-1]] * n / xs[-1]
+
+
+def choose_tree(outputs, latency: dict[int, float], max_total: int, max_depth: int) -> dict:
+    """Pick (total_tokens, depth) maximising expected tokens/s from a big-tree calibration run.
+
+    A smaller EAGLE-2 tree (N nodes, depth d) is exactly the first N nodes of depth <= d in the
+    big tree's ranking, so each calibration cycle tells what every smaller tree would accept.
+    """
+    cycles = [(ranks, depths) for o in outputs for ranks, depths in zip(o.accepted_ranks, o.rank_depths)]
+    n_cycles = sum(o.forwards for o in outputs)
+    if not cycles:
+        raise EvalError("tree auto: no calibration cycles (empty answers?)")
+    draft_level = sum(o.times["draft"] for o in outputs) / max(1, n_cycles) / max_depth
+    book = sum(o.times["bookkeeping"] for o in outputs) / max(1, n_cycles)
+    best = None
+    for d in range(1, max_depth + 1):
+        for n in range(d, max_total + 1):
+            acc = 0
+            for ranks, depths in cycles:
+                a = 0
+                for i, r in enumerate(ranks):  # the i-th path node sits at depth i+1
+                    if i + 1 > d:
+                        break
+                    # its rank among nodes of depth <= d
+                    sub = sum(1 for dd in depths[:r] if dd <= d)
+                    if sub > n:
+                        break
+                    a += 1
+                acc += a + 1
+            tau = acc / len(cycles)
+            speed = tau / (d * draft_level + _interp(latency, n + 1) + book)
+            if best is None or speed > best["tokens_per_s"]:
+                best = {"total_tokens": n, "depth": d, "tau": tau, "tokens_per_s": speed}
+    best["latency_ms"] = {k: round(v * 1000, 3) for k, v in latency.items()}
+    return best
+
+
+def calibrate(dec, run, firsts, log=print) -> dict:
+    """Choose the tree from a 64-node, depth-8 calibration on up to three of ``firsts``, set it in
+    ``dec.settings``, and pack and check the fast path for it (``run`` takes the new packings)."""
+    from ..decode.generator import SpecSettings
+
+    settings, fast = dec.settings, dec.fast
+    big = SpecSettings(**{**settings.__dict__, "total_tokens": 64, "depth": 8, "temperature": 0.0,
+                          "max_new_tokens": min(64, dec.cfg.max_new_tokens)})
+    # the calibration's draft levels run as the chosen tree's will (packed, e.g. bf16 never unpacked),
+    # so that its per-level cost, which the choice weighs, is the run's
+    pack_drafter(dec.drafter, big, log=lambda _: None)
+    calib = [dec.spec(f, big) for f in firsts[:3]]
+    # The latency curve of the path the run verifies through: the fast path's is flatter.
+    first = firsts[0]
+    lat = (verify_latency_fast(dec.target, first, fast.max_len, decoder=fast.decoder) if fast is not None
+           else verify_latency(dec.target, first))
+    auto = choose_tree(calib, lat, 64, 8)
+    auto["latency_path"] = "fast" if fast is not None else "hf"
+    settings.total_tokens, settings.depth = auto["total_tokens"], auto["depth"]
+    run.packing = pack_for_run(fast, settings, log)  # re-pack for the chosen verification size
+    run.draft_packing = pack_drafter(dec.drafter, settings, log)
+    run.exact = check_exact(fast, settings, log)
+    log(f"tree auto: total_tokens={auto['total_tokens']} depth={auto['depth']} "
+        f"(expected tau {auto['tau']:.2f})")
+    return auto
