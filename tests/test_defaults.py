@@ -25,7 +25,7 @@ def target():
 
 def test_norm_output_is_its_own_flag():
     cfg, _ = resolve("none", {"data": "x", "norm_output": True})
-    assert draft_options(cfg) == {"fc_norm": False, "norm_output": True, "norm_before_fc": bool(cfg.norm_before_fc),
+    assert draft_options(cfg) == {"fc_norm": False, "norm_output": True, "norm_before_fc": True,
                                   "norm_before_residual": False}
     cfg, _ = resolve("none", {"data": "x", "norm_before_fc": True, "norm_before_residual": True, "norm_output": True})
     assert draft_options(cfg) == {"fc_norm": False, **SPECULATORS}
@@ -91,3 +91,34 @@ def test_init_std_scales_the_random_weights(target):
         d.init_weights(std=std, seed=0)
         stds.append(float(d.fc.weight.detach().std()))
     assert stds[0] == pytest.approx(0.01, rel=0.1) and stds[1] == pytest.approx(0.05, rel=0.1)
+
+
+def test_default_architecture_is_norm_before_fc_and_eagle31_takes_fc_norm_instead():
+    cfg, _ = resolve("none", {"data": "x"})
+    assert draft_options(cfg) == {"fc_norm": False, "norm_output": False, "norm_before_fc": True,
+                                  "norm_before_residual": False}
+    cfg, _ = resolve("none", {"data": "x", "variant": "eagle3.1"})
+    assert draft_options(cfg) == {"fc_norm": True, "norm_output": True, "norm_before_fc": False,
+                                  "norm_before_residual": False}
+    with pytest.raises(Exception, match="does not combine"):
+        resolve("none", {"data": "x", "variant": "eagle3.1", "norm_before_fc": True})
+
+
+def test_paper_preset_sits_below_recipe_and_flags(tmp_path):
+    cfg, _ = resolve("none", {"data": "x", "preset": "paper"})
+    assert cfg.lr == 1e-4 and not draft_options(cfg)["norm_before_fc"]
+    eagle3, _ = resolve("none", {"data": "x"})
+    assert eagle3.lr != 1e-4
+    cfg, _ = resolve("none", {"data": "x", "preset": "paper", "lr": 5e-4})
+    assert cfg.lr == 5e-4 and not draft_options(cfg)["norm_before_fc"]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("preset: paper\nnorm_before_fc: true\n")
+    cfg, _ = resolve(str(recipe), {"data": "x"})
+    assert cfg.lr == 1e-4 and draft_options(cfg)["norm_before_fc"]
+
+
+def test_recipes_do_not_pin_the_learning_rate():
+    """A recipe that sets lr would hide the default lr (and --preset) for its whole family."""
+    from eagle3cli.config.train_config import load_recipe, recipe_names
+
+    assert all("lr" not in load_recipe(name)[1] for name in recipe_names())

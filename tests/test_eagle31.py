@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import tiny_config, tiny_model
 
+from eagle3cli.config.train_config import TrainConfig, draft_options, resolve
 from eagle3cli.engines import engine_support
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
 from eagle3cli.publish.export import engine_config, exported_state_dict, load_draft, save_draft
@@ -22,7 +23,6 @@ from eagle3cli.publish.formats.detect import detect_format
 from eagle3cli.publish.formats.readers import read_draft
 from eagle3cli.publish.formats.writers import convert, write_draft
 from eagle3cli.publish.inspector import inspect_any, inspect_draft
-from eagle3cli.config.train_config import TrainConfig, draft_options, resolve
 from eagle3cli.train.ttt import ttt_streams
 
 torch.set_num_threads(1)
@@ -361,8 +361,8 @@ def test_specforge_norm_output_means_what_specforge_020_means(target, tmp_path):
 # ---- train flags and engine support ---------------------------------------------------------
 
 def test_train_flags_map_to_draft_options():
-    assert draft_options(TrainConfig()) == {"fc_norm": False, "norm_output": False, "norm_before_fc": False,
-                                            "norm_before_residual": False}
+    assert draft_options(TrainConfig()) == {"fc_norm": False, "norm_output": False, "norm_before_fc": True,
+                                            "norm_before_residual": False}  # the default: norm before fc
     assert draft_options(TrainConfig(variant="eagle3.1")) == {**V31, "norm_before_fc": False,
                                                               "norm_before_residual": False}
     assert draft_options(TrainConfig(norm_before_fc=True, norm_before_residual=True))["norm_before_fc"]
@@ -428,8 +428,8 @@ def test_card_names_the_variant_and_what_each_engine_serves(target):
 
 
 def test_init_from_a_31_draft_keeps_its_options(target, tmp_path):
-    from eagle3cli.train.init_from import init_from
     from eagle3cli.model.vocab import DraftVocab
+    from eagle3cli.train.init_from import init_from
 
     src = make_draft(target, **V31)
     path = save_draft(src, tmp_path / "src", dtype=torch.float32)

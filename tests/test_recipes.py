@@ -32,7 +32,7 @@ def test_six_family_recipes_ship_and_validate():
         assert set(settings) <= set(TrainConfig.names())
         raw = yaml.safe_load(recipe_source(name)[1])
         assert raw["description"] and "#" in recipe_source(name)[1]  # says why, in comments
-    assert load_recipe("gemma")[1]["lr"] == 5e-5  # YAML's "5.0e-5" arrives as a float
+    assert load_recipe("gemma")[1]["warmup_ratio"] == 0.03  # YAML's "0.03" arrives as a float
     assert load_recipe("phi")[1]["draft_vocab_size"] == "32064"
 
 
@@ -81,7 +81,7 @@ def test_cli_overrides_recipe(tmp_path):
 def test_auto_reads_the_store_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"model_type": "gemma3_text"}))
     cfg = cli_config("--data", str(tmp_path))
-    assert cfg["recipe"] == "gemma" and cfg["lr"] == 5e-5
+    assert cfg["recipe"] == "gemma" and cfg["warmup_ratio"] == 0.03
 
 
 def test_bad_recipes_are_one_line_errors(tmp_path):
@@ -104,4 +104,4 @@ def test_recipes_command_lists_them():
     for name in recipe_names():
         assert name in r.stdout
     r = runner.invoke(app, ["recipes", "gemma"])
-    assert "lr: 5.0e-5" in r.stdout
+    assert "warmup_ratio: 0.03" in r.stdout

@@ -107,6 +107,7 @@ def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_pa
     Without the limit the same flags run their 40 steps."""
     from test_trainer import config
 
+    from eagle3cli.train.optim import lr_lambda
     from eagle3cli.train.trainer import Trainer, train
 
     real = Trainer._optimizer_step
@@ -120,7 +121,8 @@ def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_pa
     res = train(cfg, quiet=True)
     assert res.step == steps and res.stopped is None
     lrs = [h["lr"] for h in res.history if "lr" in h]
-    assert lrs[-1] == pytest.approx(0.0, abs=1e-12)  # the schedule was fitted to the steps run
+    fitted = lr_lambda(steps, cfg.warmup_ratio, cfg.min_lr_ratio, cfg.lr_schedule)
+    assert fitted(steps) == 0.0 and lrs[-1] == pytest.approx(cfg.lr * fitted(steps - 1))  # fitted to the steps run
     assert (tmp_path / "d" / "model.safetensors").exists() and res.metrics
     assert clock.now - 1000.0 == steps * seconds_per_step  # every step it started fitted the limit
     unlimited = train(config(store, target_dir, tmp_path / "u", epochs=20, max_steps=40), quiet=True)

@@ -61,7 +61,8 @@ _f = option  # short name: every field below is one
 class TrainConfig(TargetOptions):
     # The target-loading fields (model, revision, dtype, device, load_in_8bit/4bit, adapter,
     # trust_remote_code) come from TargetOptions, shared with gen-data and eval.
-    SHOWN_DEFAULTS: ClassVar[dict] = {"model": "the store's target"}  # what train --help says for None
+    # what train --help says for None
+    SHOWN_DEFAULTS: ClassVar[dict] = {"model": "the store's target", "norm_before_fc": "on (off with eagle3.1)"}
     # --- what to train on ---
     data: str | None = _f(None, "Feature store written by `eagle3 gen-data`.", flag="store",
                           aliases=(Alias("--data"),))
@@ -83,11 +84,15 @@ class TrainConfig(TargetOptions):
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
     # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
+    preset: str = _f("eagle3", "Defaults to start from (below a recipe and the flags): eagle3, this tool's "
+                               "(chosen by measurement: docs/benchmarks.md, 'Defaults study'), or paper, the "
+                               "EAGLE-3 paper's (no norm before fc, lr 1e-4).", choices=("eagle3", "paper"))
     variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
                                 "target stream before fc, and norm_output, the normed output fed to the next step).",
                       choices=VARIANTS)
-    norm_before_fc: bool = _f(False, "One RMSNorm over the concatenated target streams before fc (input_norm; "
-                                     "vLLM/SGLang norm_before_fc). Not with --variant eagle3.1 (it has fc_norm).")
+    norm_before_fc: bool | None = _f(None, "One RMSNorm over the concatenated target streams before fc (input_norm; "
+                                           "norm_before_fc: vLLM, SGLang and llama.cpp serve it). Not with --variant "
+                                           "eagle3.1 (its fc_norm normalises each stream instead).")
     norm_before_residual: bool = _f(False, "The residual around the draft's attention is hidden_norm(g) instead of g "
                                            "(speculators' variant; vLLM serves it, SGLang 0.5.23 does not).")
     norm_output: bool = _f(False, "Feed norm(a) to the next TTT step and to the LM head instead of a (EAGLE-3.1 "
@@ -118,7 +123,8 @@ class TrainConfig(TargetOptions):
     feature_noise: float = _f(0.0, "Gaussian noise added to the target's streams in training steps, as a share of "
                                    "each stream's RMS at that position (0: none).")
     # --- optimisation ---
-    lr: float = _f(1e-4, "Peak learning rate (AdamW, betas 0.9/0.95).")
+    lr: float = _f(1e-3, "Peak learning rate (AdamW, betas 0.9/0.95). 1e-3 with the default norm before fc: the best "
+                         "measured at 40 and 600 steps (docs/benchmarks.md, 'Defaults study'); --preset paper: 1e-4.")
     optimizer: str = _f("adamw", "adamw, or muon: torch's Muon (Newton-Schulz orthogonalised momentum, its update "
                                  "scaled to AdamW's RMS so --lr carries over) for the 2-D weights inside the draft "
                                  "(fc, attention, MLP); the LM head and the norms stay on AdamW.",
@@ -262,10 +268,11 @@ def draft_options(cfg: TrainConfig) -> dict[str, bool]:
     """The DraftConfig architecture options of ``cfg`` (``--variant`` and the two norm flags)."""
     check_choices(cfg)
     v31 = cfg.variant == "eagle3.1"
-    if v31 and cfg.norm_before_fc:
+    nbf = not v31 if cfg.norm_before_fc is None else cfg.norm_before_fc  # None: the default, on unless eagle3.1
+    if v31 and nbf:
         raise OptionError("--norm-before-fc does not combine with --variant eagle3.1: its fc_norm already normalises "
                           "each stream before fc (speculators refuses both)")
-    return {"fc_norm": v31, "norm_output": v31 or bool(cfg.norm_output), "norm_before_fc": bool(cfg.norm_before_fc),
+    return {"fc_norm": v31, "norm_output": v31 or bool(cfg.norm_output), "norm_before_fc": nbf,
             "norm_before_residual": bool(cfg.norm_before_residual)}
 
 
@@ -316,8 +323,13 @@ def load_recipe(name_or_path: str) -> tuple[str, dict]:
     return name, settings
 
 
+# What --preset paper changes: the EAGLE-3 paper's setup, which the defaults study measured behind
+# the eagle3 defaults at every budget tried (docs/benchmarks.md, "Defaults study").
+PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False}}
+
+
 def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:
-    """defaults < recipe < flags. ``flags`` holds only the flags actually given (None = unset).
+    """defaults < --preset < recipe < flags. ``flags`` holds only the flags actually given (None = unset).
 
     Returns the config and the name of the recipe used (None when none applies).
     """
@@ -331,6 +343,7 @@ def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> t
             used = recipe
         if used is not None:
             used, settings = load_recipe(used)
-    cfg = TrainConfig(**{**settings, **flags})
+    preset = flags.get("preset", settings.get("preset", "eagle3"))
+    cfg = TrainConfig(**{**PRESETS.get(preset, {}), **settings, **flags})
     draft_options(cfg)  # a wrong --variant fails here, before any model is loaded
     return cfg, used

@@ -201,6 +201,10 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
         options = draft_options(cfg)  # --variant, --norm-before-fc, --norm-before-residual
     except ValueError as e:
         raise TrainError(str(e)) from None
+    if cfg.init_from and cfg.norm_before_fc is None:
+        # The default norm is not added to a draft trained without it (it would change what the draft
+        # computes); the source's options are kept, and only those asked for by a flag are added.
+        options["norm_before_fc"] = False
     for line in engine_support.warnings(target_config, options, eval_refusal(target_config)):
         say(f"[yellow]warning:[/] {line}")
     dcfg = DraftConfig.from_target(target_config, vocab.size, store.meta.layer_ids, **options)

@@ -314,12 +314,10 @@ class Trainer:
         acc, stats = self.acc, self.meter.result(self.acc)
         tokens = acc.reduce(torch.tensor(float(self.meter.tokens), device=acc.device), "sum").item()
         rate = tokens / max(1e-9, time.time() - self.t0)
-        lr = getattr(self, "applied_lr", self.scheduler.get_last_lr()[0])
-        rec = {"step": self.step, "epoch": epoch, "lr": lr,
+        rec = {"step": self.step, "epoch": epoch, "lr": getattr(self, "applied_lr", None),
                "loss": decayed_loss(stats["loss"], self.cfg.step_decay), "acc": stats["acc"],
                "tokens_per_s": rate, "tokens": int(tokens), "positions": stats["positions"],
-               # CPU seconds of this process: a speed measure that other jobs on a
-               # shared machine do not distort (benchmarks/train_throughput.py).
+               # CPU seconds of this process: other jobs on shared cores do not distort it
                "cpu_s": time.process_time() - self.c0}
         self.history.append(rec)
         self.view.update(self.step, rec, rate)
