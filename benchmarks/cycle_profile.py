@@ -37,12 +37,13 @@ def main(argv=None) -> int:
     import torch
     from chain_tau import setup
 
-    from eagle3cli.model.draft import Eagle3Draft
     from eagle3cli.data.turns import encode
+    from eagle3cli.decode.drafter import EagleDrafter
+    from eagle3cli.decode.fast_draft import FastDraft
+    from eagle3cli.decode.generator import speculative_generate
     from eagle3cli.evaluate.fast_setup import pack_drafter
     from eagle3cli.evaluate.tasks import load_turns_file
-    from eagle3cli.decode.fast_draft import FastDraft
-    from eagle3cli.decode.generator import EagleDrafter, speculative_generate
+    from eagle3cli.model.draft import Eagle3Draft
     from eagle3cli.workflows.quickstart import bundled_prompts
 
     target, tok, draft, s, fast, note = setup(args)

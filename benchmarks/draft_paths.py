@@ -35,9 +35,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from eagle3cli.decode.fast_target import FastTarget
-    from eagle3cli.decode.generator import EagleDrafter, SpecSettings, speculative_generate
     from eagle3cli.data.turns import encode
+    from eagle3cli.decode.drafter import EagleDrafter
+    from eagle3cli.decode.fast_target import FastTarget
+    from eagle3cli.decode.generator import SpecSettings, speculative_generate
     from eagle3cli.evaluate.fast_setup import pack_drafter, pack_for_run
     from eagle3cli.evaluate.tasks import load_turns_file
     from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer

@@ -130,10 +130,10 @@ def cycle_overhead(target, fast, prompt, steps, new_tokens, dev):
 
 
 def draft_step(target, prompt, steps, dev, dtype):
-    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
-    from eagle3cli.decode.generator import EagleDrafter
-    from eagle3cli.model.layers import default_layer_ids
+    from eagle3cli.decode.drafter import EagleDrafter
     from eagle3cli.decode.tree import build_greedy_tree
+    from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+    from eagle3cli.model.layers import default_layer_ids
 
     cfg = DraftConfig.from_target(target.config, min(32000, target.config.vocab_size),
                                   default_layer_ids(target.config.num_hidden_layers))

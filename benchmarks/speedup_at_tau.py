@@ -90,8 +90,9 @@ class Steered:
 
 def setup(args):
     """Target, tokenizer, drafter, settings and fast path as ``eagle3 eval`` builds them here."""
+    from eagle3cli.decode.drafter import as_drafter
     from eagle3cli.decode.fast_draft import compute_dtype, weights_for
-    from eagle3cli.decode.generator import SpecSettings, as_drafter
+    from eagle3cli.decode.generator import SpecSettings
     from eagle3cli.evaluate.eval_config import EvalConfig
     from eagle3cli.evaluate.fast_setup import build_fast_target, check_exact, eval_dtype, pack_drafter, pack_for_run
     from eagle3cli.model.target import TargetSpec, load_config, load_target, load_tokenizer
@@ -137,8 +138,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from eagle3cli.decode.generator import greedy_generate, speculative_generate
     from eagle3cli.data.turns import encode
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
     from eagle3cli.evaluate.tasks import load_turns_file
     from eagle3cli.workflows.quickstart import bundled_prompts
 

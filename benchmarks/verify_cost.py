@@ -44,7 +44,7 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from eagle3cli.decode.generator import HFVerifier
+    from eagle3cli.decode.verifiers import HFVerifier
 
     target = load_target(TargetSpec(args.model))
     sizes = tuple(int(x) for x in args.sizes.split(","))

@@ -191,7 +191,7 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     assert auto["latency_path"] == res["tasks"]["mini"]["path"] == "fast"  # the curve of the path that runs
     assert res["tasks"]["mini"]["lossless"] is True
     # One fused copy of the target's weights: timed size by size, then packed the fastest measured
-    # way for the chosen tree (fast_target.tune_packing).
+    # way for the chosen tree (fast_tuning.tune_packing).
     tuned = res["fast_packing"]
     assert tuned["rows"] == auto["total_tokens"] + 1 and len(built) == 1
     assert packed[-1] == tuple(tuned["packing"])
@@ -222,7 +222,8 @@ def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_ti
     """--dtype bfloat16: where the check shows a verification decodes bitwise as one token does,
     speculative output is compared with plain decoding on that forward (HF's own bf16 forward is
     not row-invariant); where it does not, eval refuses in one line before any prompt runs."""
-    from eagle3cli.decode.fast_target import FastTarget, row_invariant
+    from eagle3cli.decode.fast_target import FastTarget
+    from eagle3cli.decode.fast_tuning import row_invariant
     from eagle3cli.model.target import TargetSpec, load_target
 
     exact = row_invariant(FastTarget(load_target(TargetSpec(model=str(smol_tiny_dir), dtype="bfloat16")), 64), 7)
@@ -245,10 +246,10 @@ def test_eval_bf16_is_checked_then_held_to_plain_decoding_on_its_forward(smol_ti
 
 def test_eval_dtype_auto_falls_back_to_fp32_when_bf16_is_not_exact(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
     from eagle3cli.core import hardware
-    from eagle3cli.decode import fast_target
+    from eagle3cli.decode import fast_tuning
 
     monkeypatch.setattr(hardware, "has_amx_bf16", lambda: True)
-    monkeypatch.setattr(fast_target, "row_invariant", lambda fast, rows, **kw: False)
+    monkeypatch.setattr(fast_tuning, "row_invariant", lambda fast, rows, **kw: False)
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", "mini",

@@ -5,14 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-
-from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
-from eagle3cli.decode.generator import (
-    EagleDrafter, UnsupportedTarget, ContextTooLong, accept_sampling, greedy_generate, n_alpha,
-    speculative_generate, target_probs)
-from eagle3cli.model.layers import default_layer_ids
-from eagle3cli.decode.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
 from tiny import tiny_model
+
+from eagle3cli.decode.drafter import EagleDrafter
+from eagle3cli.decode.generator import (
+    ContextTooLong,
+    UnsupportedTarget,
+    accept_sampling,
+    greedy_generate,
+    n_alpha,
+    speculative_generate,
+    target_probs,
+)
+from eagle3cli.decode.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft, KVCache
+from eagle3cli.model.layers import default_layer_ids
 
 NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
 
@@ -331,7 +338,7 @@ def test_kept_entries_move_only_when_not_already_in_place():
     """The fast path gathers the kept tree entries only when they are not the tree's first ones: a
     chain never moves its cache, a tree moves when a later branch wins; both stay lossless."""
     from eagle3cli.decode.fast_target import FastTarget
-    from eagle3cli.decode.generator import in_place
+    from eagle3cli.decode.verifiers import in_place
 
     assert in_place([0]) and in_place([0, 1, 2])
     assert not in_place([0, 2]) and not in_place([0, 1, 3])
@@ -697,7 +704,8 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
     """tune_packing times unpacked, MKL packed for the row count or padded to a multiple of 4, and
     oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
     matmul (the LM head included) the fastest way for both; the logits stay the model's."""
-    from eagle3cli.decode.fast_target import ONEDNN, Linear, tune_packing
+    from eagle3cli.decode.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_tuning import tune_packing
 
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
@@ -871,7 +879,7 @@ def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing):
     or tree verification gives bitwise the logits of one-token decoding; greedy speculative output
     then equals plain decoding on the same forward token for token, near-ties included. Unpacked
     and with oneDNN's prepacked bf16 matmuls alike."""
-    from eagle3cli.decode.fast_target import row_invariant
+    from eagle3cli.decode.fast_tuning import row_invariant
 
     target = tiny_model(arch).to(torch.bfloat16)
     fast = FastTarget(target, 128, packed_rows=packing)
@@ -909,7 +917,7 @@ def test_float64_attention_is_for_low_precision_on_a_cpu_only():
 def test_row_invariant_catches_a_forward_that_depends_on_the_row_count():
     """The start-up check fails when an n-row forward's logits differ from one-row decoding's in
     the last bit (a chain) or only for tree nodes (a mask that leaks a sibling)."""
-    from eagle3cli.decode.fast_target import row_invariant
+    from eagle3cli.decode.fast_tuning import row_invariant
 
     target = tiny_model("llama").to(torch.bfloat16)
     fast = FastTarget(target, 64)

@@ -228,8 +228,8 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # Today's offenders, each to be split (issue "Release 0.3.0"): an entry goes once its module or
 # function is within the limits (the test below fails on an entry that no longer offends).
-LONG_MODULES = {"data/features.py", "data/sources.py", "decode/fast_target.py", "decode/generator.py"}
-LONG_FUNCTIONS = {"decode/generator.py:speculative_generate"}
+LONG_MODULES = {"data/features.py", "data/sources.py"}
+LONG_FUNCTIONS: set[str] = set()
 
 
 def size_offenders(package: Path = PACKAGE) -> tuple[dict[str, int], dict[str, int]]:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from eagle3cli.decode.generator import EagleDrafter, greedy_generate, speculative_generate
 from test_generator import NO_EOS, prompt, random_draft
 from tiny import tiny_model
+
+from eagle3cli.decode.drafter import EagleDrafter
+from eagle3cli.decode.generator import greedy_generate, speculative_generate
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "speedup_at_tau.py"
 

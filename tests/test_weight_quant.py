@@ -8,12 +8,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
-from eagle3cli.decode import weight_quant
-from eagle3cli.decode.generator import EagleDrafter, greedy_generate, speculative_generate
-from eagle3cli.decode.weight_quant import Int4Linear, Int8Linear, QuantLinear, quantize
 from test_generator import NO_EOS, draft_trees, option_draft, prompt
 from tiny import tiny_model
+
+from eagle3cli.decode import weight_quant
+from eagle3cli.decode.drafter import EagleDrafter
+from eagle3cli.decode.generator import greedy_generate, speculative_generate
+from eagle3cli.decode.weight_quant import Int4Linear, Int8Linear, QuantLinear, quantize
 
 KINDS = [k for k in weight_quant.KINDS if weight_quant.available(k)]
 pytestmark = pytest.mark.skipif(not KINDS, reason="this torch has no weight-only integer CPU kernels")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-
-from eagle3cli.decode import attention
-from eagle3cli.decode.generator import (
-    HFVerifier, UnsupportedTarget, check_supported, greedy_generate, speculative_generate)
-from eagle3cli.decode.tree import new_tree, verify_mask
 from test_generator import NO_EOS, Oracle, exact_marginals, prompt, random_draft
 from tiny import tiny_config, tiny_model
+
+from eagle3cli.decode import attention
+from eagle3cli.decode.generator import UnsupportedTarget, check_supported, greedy_generate, speculative_generate
+from eagle3cli.decode.tree import new_tree, verify_mask
+from eagle3cli.decode.verifiers import HFVerifier
 
 SLIDING, FULL = attention.SLIDING, attention.FULL
 # family -> (model_type, config overrides); windows of 8 positions, 4 layers

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -43,18 +43,9 @@ from ..core.errors import Eagle3Error
 from ..core.hf_utils import eos_token_ids, text_config
 from ..core.hf_utils import synchronize as _sync
 from . import attention
+from .drafter import as_drafter
 from .tree import Tree, build_greedy_tree, build_sampled_tree, verify_mask
-
-
-class Drafter(Protocol):
-    """Proposes tokens. ``observe`` and ``expand`` return log-probabilities [C] / [n, C] over the
-    drafter's C columns; an optional ``token_ids`` attribute ([C] target ids) names the token of
-    each column, absent or None when the columns are the target's vocabulary."""
-
-    def begin(self, input_ids: torch.Tensor) -> None: ...
-    def observe(self, next_tokens: torch.Tensor, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor: ...
-    def expand(self, tree: Tree, nodes: list[int]) -> torch.Tensor: ...
-    def rollback(self) -> None: ...
+from .verifiers import in_place, make_verifier
 
 
 class UnsupportedTarget(Eagle3Error, ValueError):
@@ -63,171 +54,6 @@ class UnsupportedTarget(Eagle3Error, ValueError):
 
 class ContextTooLong(Eagle3Error, ValueError):
     """The prompt does not fit the target's context."""
-
-
-# --------------------------------------------------------------------------------------
-# The EAGLE-3 draft as a drafter
-# --------------------------------------------------------------------------------------
-class EagleDrafter:
-    """Wraps ``Eagle3Draft``: its own KV cache of the verified prefix plus drafted nodes.
-
-    Cache entry t pairs the target's fused features g_t with token t+1, at position t
-    (docs/design.md §7). A drafted node at depth d pairs its token with its parent's output stream
-    a, at position (prefix - 1) + d, and attends to the verified prefix and its ancestors.
-
-    Steps run through ``fast_draft.FastDraft`` (fused matmuls over a static cache: about 60 tensor
-    ops a step against the module path's ~270), in ``dtype`` if given; ``lean=False`` runs the
-    module's own ``step`` over a ``DecodeCache``, the reference the lean path is tested against.
-    ``weights`` "int8" / "int4" stores the lean step's matmul weights as integers (``weight_quant``).
-    """
-
-    def __init__(self, draft, lean: bool = True, dtype: torch.dtype | None = None, weights: str = "full"):
-        from ..model.draft import DecodeCache
-        from .fast_draft import FastDraft
-
-        if not lean and weights != "full":
-            raise ValueError("integer draft weights need the lean step (lean=True)")
-        self.draft = draft
-        self.lean = FastDraft(draft, dtype=dtype, weights=weights) if lean else None
-        self.layer_ids = tuple(draft.config.aux_layer_ids)
-        self.vocab = draft.config.vocab_size
-        # log q stays over the draft vocabulary (8k columns, not the target's 49k): the tree's top-k
-        # reads it there and maps the winners through token_ids
-        self.token_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
-        self._kvcache = DecodeCache
-        self.begin(None)
-
-    def pack(self, rows: int, prefix: int = 64, repeats: int = 5, rounds: int = 2) -> dict | None:
-        """Run the draft's ``rows``-row steps (a tree level of top_k nodes) through a prepacked GEMM
-        when that measures faster here than ``F.linear``: MKL's packed GEMM is specialised per row
-        count and pays at some counts only (4 rows: 5.2 against 6.6 ms a step; 2 or 3: slower), so
-        the choice is timed, as ``fast_target.tune_packing`` times the target's. MKL's copy serves
-        exactly ``rows`` rows, other counts stay on ``F.linear``; oneDNN's serves every count.
-        Returns what was measured (None: nothing to choose here, or the module path)."""
-        from .fast_target import ONEDNN
-
-        kinds = self.lean.packable(rows) if self.lean is not None else []
-        if not kinds:
-            return None
-        keys = {"none": (), **{k: ((ONEDNN,) if k == ONEDNN else (rows,)) for k in kinds}}
-        best = {name: float("inf") for name in keys}
-        for _ in range(rounds):  # interleaved, fastest median kept: other load only ever adds time
-            for name, key in keys.items():
-                self.lean.repack(key)
-                best[name] = min(best[name], self._time_step(rows, prefix, repeats))
-        choice = min(best, key=lambda name: (best[name], name != "none"))
-        self.lean.repack(keys[choice])
-        self.begin(None)
-        return {"rows": rows, "uses": choice, "ms": {k: round(1000 * v, 3) for k, v in best.items()}}
-
-    @torch.inference_mode()
-    def _time_step(self, rows: int, prefix: int, repeats: int) -> float:
-        """Median seconds of one ``rows``-row lean step plus head behind ``prefix`` cached rows."""
-        f, dev = self.lean, self.lean.embed.device
-        gen = torch.Generator().manual_seed(0)
-        g = torch.randn(prefix + rows, f.embed.shape[1], generator=gen).to(dev, f.dtype)
-        ids = torch.randint(0, f.embed.shape[0], (prefix + rows,), generator=gen).to(dev)
-        pos = torch.arange(prefix + rows, device=dev)
-        f.reset()
-        f.step(ids[:prefix], g[:prefix], pos[:prefix])
-        runs = []
-        for _ in range(repeats + 1):  # the first call pays page faults
-            f.crop(prefix)
-            t0 = time.perf_counter()
-            f.logits(f.step(ids[prefix:], g[prefix:], pos[prefix:]))
-            runs.append(time.perf_counter() - t0)
-        f.reset()
-        return sorted(runs[1:])[repeats // 2]
-
-    def begin(self, input_ids=None):
-        if self.lean is not None:
-            self.lean.reset()
-            self.cache = self.lean
-        else:
-            self.cache = self._kvcache()
-        self.verified = 0  # cache entries of verified pairs
-        self.root_a = None
-        self.node_a: dict[int, torch.Tensor] = {}
-        self.node_slot: dict[int, int] = {}
-
-    def _logq(self, a: torch.Tensor) -> torch.Tensor:
-        """log q [T, C] of output streams ``a`` [T, H]."""
-        logits = self.lean.logits(a) if self.lean is not None else self.draft.logits(a)
-        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # cast inside: one op, the same values
-
-    def _step(self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask=None,
-              last_only: bool = False) -> torch.Tensor:
-        """ids [T], hidden [T, H], pos [T], mask [T, len + T] or None (causal) -> output streams [T, H]
-        (``last_only``: the last row's [1, H]; the lean step computes only that one)."""
-        if self.lean is not None:
-            return self.lean.step(ids, hidden, pos, mask, last_only=last_only)
-        a = self.draft.step(ids[None], hidden[None], pos[None], self.cache,
-                            attn_mask=None if mask is None else mask[None, None])[0]
-        return a[-1:] if last_only else a
-
-    def observe(self, next_tokens, hidden_states):
-        self.rollback()
-        aux = torch.cat([hidden_states[j] for j in self.layer_ids], dim=-1)[0]
-        g = self.lean.fuse(aux) if self.lean is not None else self.draft.fuse(aux)
-        n = next_tokens.shape[-1]
-        pos = torch.arange(self.verified, self.verified + n, device=g.device)
-        # only the last verified row's output is read (the root's children); the others are cached
-        a = self._step(next_tokens.view(n).to(g.device), g, pos, last_only=True)
-        self.verified += n
-        self.root_a = a[-1]
-        return self._logq(a)[0]
-
-    def expand(self, tree, nodes):
-        dev = self.root_a.device
-        past = len(self.cache)
-        # besides the verified prefix, each node sees itself and its drafted ancestors' cache slots
-        slots = [self._ancestor_slots(tree, i) for i in nodes]
-        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=dev)
-        pos = torch.tensor([self.verified - 1 + tree.depths[i] for i in nodes], device=dev)
-        hidden = torch.stack([self.root_a if tree.parents[i] == 0 else self.node_a[tree.parents[i]] for i in nodes])
-        a = self._step(tokens, hidden, pos, self._mask(slots, past))
-        for row, i in enumerate(nodes):
-            self.node_a[i] = a[row]
-            self.node_slot[i] = past + row
-        return self._logq(a)
-
-    def _ancestor_slots(self, tree, i) -> list[int]:
-        """Cache slots of node ``i``'s drafted ancestors (the root's own entry is the last verified pair)."""
-        out, p = [], tree.parents[i]
-        while p > 0:
-            out.append(self.node_slot[p])
-            p = tree.parents[p]
-        return out
-
-    def _mask(self, slots: list[list[int]], past: int) -> torch.Tensor | None:
-        """The attention mask of nodes whose drafted ancestors sit in ``slots``; None (no mask to build,
-        a few small ops less per level) where one node's ancestors are every drafted entry, as in a
-        chain: it sees the whole cache."""
-        if len(slots) == 1 and len(slots[0]) == past - self.verified:
-            return None
-        return self._tree_mask(slots, past)
-
-    def _tree_mask(self, slots: list[list[int]], past: int) -> torch.Tensor:
-        """bool [m, past + m] "may attend": the verified prefix, each node itself and its ``slots``."""
-        m, drafted = len(slots), past - self.verified
-        own = [[False] * (drafted + m) for _ in slots]  # the drafted entries' columns, this level's included
-        for r, s in enumerate(slots):
-            for c in (past + r, *s):
-                own[r][c - self.verified] = True
-        dev = self.root_a.device
-        return torch.cat((torch.ones(m, self.verified, dtype=torch.bool, device=dev),
-                          torch.tensor(own, dtype=torch.bool, device=dev)), 1)
-
-    def rollback(self):
-        self.cache.crop(self.verified)
-        self.node_a.clear()
-        self.node_slot.clear()
-
-
-def as_drafter(draft, dtype: torch.dtype | None = None, weights: str = "full") -> Drafter:
-    """``draft`` itself if it is a drafter, else an ``EagleDrafter`` computing in ``dtype`` (None: the
-    draft's) with its matmul weights stored as ``weights`` (full, int8, int4)."""
-    return draft if hasattr(draft, "observe") else EagleDrafter(draft, dtype=dtype, weights=weights)
 
 
 # --------------------------------------------------------------------------------------
@@ -397,95 +223,6 @@ def accept_sampling(tree: Tree, probs: torch.Tensor, gen: torch.Generator) -> tu
         cur = nxt
 
 
-def in_place(keep: list[int]) -> bool:
-    """Whether the kept tree entries ``keep`` ([0] + accepted path) are the tree's first ones, so that
-    they already sit where they belong: always for a chain, for a tree when the first branch won."""
-    return keep == list(range(len(keep)))
-
-
-def keep_cache(cache, past: int, keep: torch.Tensor):
-    """Keep the prefix and the tree entries ``keep`` (indices into the tree) in every layer."""
-    idx = torch.cat([torch.arange(past, device=keep.device), past + keep])
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        i = idx.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, i)
-        layer.values = layer.values.index_select(-2, i)
-
-
-def forward(target, input_ids, cache, **kw):
-    return target(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True, return_dict=True, **kw)
-
-
-# --------------------------------------------------------------------------------------
-# Verifiers: the target's side of a cycle (prefill, verify a tree, keep the accepted path)
-# --------------------------------------------------------------------------------------
-class HFVerifier:
-    """The target's own HF forward: any architecture whose layers attend fully, in a sliding window
-    or in chunks, the reference path. Its DynamicCache keeps every position of every layer and each
-    layer kind gets its own mask (``attention``): a layer that dropped entries past its window could
-    not give back those a rejected branch displaced."""
-
-    name = "hf"
-
-    def __init__(self, target, layers=None):
-        self.target, self.layers = target, layers
-        self.cache = attention.keep_all_cache()
-        self.layout = attention.layout(target.config)
-        self.implementation = attention.attn_implementation(target.config)
-        self.dtype = target.get_input_embeddings().weight.dtype
-
-    def _hidden(self, out) -> dict:
-        hs = out.hidden_states
-        return {j: hs[j] for j in (range(len(hs)) if self.layers is None else self.layers)}
-
-    def prefill(self, input_ids):
-        """logits [V] after the prompt [1, L], and its hidden states {j: [1, L, H]}."""
-        out = forward(self.target, input_ids, self.cache, logits_to_keep=1)
-        return out.logits[0, -1], self._hidden(out)
-
-    def verify(self, ids, positions, mask, past: int):
-        """logits [n, V] and hidden states of n tree tokens [1, n] at ``positions`` [1, n], which may
-        attend where ``mask`` [1, 1, n, past + n] allows and each layer's window or chunk lets them."""
-        masks = attention.hf_mask(mask[0, 0], positions[0], past, self.layout, self.implementation, self.dtype)
-        out = forward(self.target, ids, self.cache, attention_mask=masks, position_ids=positions)
-        return out.logits[0], self._hidden(out)
-
-    def keep(self, past: int, keep: list[int]):
-        # gathered even when in place: the cache must drop the rest of the tree, and DynamicCache's
-        # crop has changed its meaning across transformers releases
-        keep_cache(self.cache, past, torch.tensor(keep, dtype=torch.long, device=self.target.device))
-
-
-class FastVerifier:
-    """fast_target.FastTarget: same model, static cache, packed matmuls (Llama-family and Gemma 3 targets)."""
-
-    name = "fast"
-
-    def __init__(self, fast, layers=None):
-        self.fast = fast
-        self.layers = tuple(range(len(fast.layers) + 1)) if layers is None else tuple(layers)
-        self.cache = fast
-
-    def prefill(self, input_ids):
-        n = input_ids.shape[1]
-        logits, hidden = self.fast.forward(input_ids[0], torch.arange(n, device=input_ids.device), 0,
-                                           hidden_layers=self.layers, logits="last")
-        return logits[-1], hidden
-
-    def verify(self, ids, positions, mask, past: int):
-        return self.fast.forward(ids[0], positions[0], past, mask=mask[0, 0], hidden_layers=self.layers)
-
-    def keep(self, past: int, keep: list[int]):
-        if not in_place(keep):  # entries past the kept ones are simply overwritten by the next forward
-            self.fast.keep(past, torch.tensor(keep, device=self.fast.embed.device))
-
-
-def make_verifier(target, layers=None, fast=None):
-    return FastVerifier(fast, layers) if fast is not None else HFVerifier(target, layers)
-
-
 # --------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------
@@ -513,89 +250,138 @@ def speculative_generate(
     s = settings or SpecSettings()
     if overrides:
         s = SpecSettings(**{**s.__dict__, **overrides})
-    total, depth, top_k = s.shape()
-    sampling = s.temperature > 0
-    drafter = as_drafter(draft)
-    dev = input_ids.device
-    gen = torch.Generator(device=dev)
-    if seed is None:
-        gen.seed()  # fresh entropy for this generator only; the global RNG is left alone
-    else:
-        gen.manual_seed(seed)
-    L = input_ids.shape[1]
-    max_pos = getattr(text_config(target.config), "max_position_embeddings", None) or 10**9
-    if L >= max_pos:
-        raise ContextTooLong(f"prompt of {L} tokens does not fit the target's context of {max_pos}")
-    check_supported(target.config, min(L + s.max_new_tokens + max(total, depth) + 1, max_pos))
-    stops = eos_ids(target, eos_token_id)
-    res = SpecOutput(tokens=[], prompt_len=L)
-    times = res.times
+    run = _Generation(target, draft, input_ids, s, seed, eos_token_id, stop_strings, tokenizer)
+    if run.prefill(input_ids, fast):
+        return run.res
+    while run.cycle():
+        pass
+    run.drafter.rollback()
+    return run.res
 
-    def pick(logits):
-        if not sampling:
+
+class _Generation:
+    """One ``speculative_generate`` call: its settings and random generator, the output so far, and
+    where the target and the drafter stand (``past`` positions kept in the target's cache, ``root``
+    the last accepted token, which the target has not seen yet, ``logq`` the root's children)."""
+
+    def __init__(self, target, draft, input_ids, s: SpecSettings, seed, eos_token_id, stop_strings, tokenizer):
+        self.target, self.s = target, s
+        self.total, self.depth, self.top_k = s.shape()
+        self.sampling = s.temperature > 0
+        self.drafter = as_drafter(draft)
+        self.dev = dev = input_ids.device
+        self.gen = torch.Generator(device=dev)
+        if seed is None:
+            self.gen.seed()  # fresh entropy for this generator only; the global RNG is left alone
+        else:
+            self.gen.manual_seed(seed)
+        L = input_ids.shape[1]
+        self.max_pos = max_pos = getattr(text_config(target.config), "max_position_embeddings", None) or 10**9
+        if L >= max_pos:
+            raise ContextTooLong(f"prompt of {L} tokens does not fit the target's context of {max_pos}")
+        check_supported(target.config, min(L + s.max_new_tokens + max(self.total, self.depth) + 1, max_pos))
+        self.stops = eos_ids(target, eos_token_id)
+        self.stop_strings, self.tokenizer = stop_strings, tokenizer
+        self.res = SpecOutput(tokens=[], prompt_len=L)
+
+    def pick(self, logits) -> int:
+        s = self.s
+        if not self.sampling:
             return int(logits.argmax(-1))
-        return int(torch.multinomial(target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), 1, generator=gen))
+        return int(torch.multinomial(target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), 1,
+                                     generator=self.gen))
 
-    def finished() -> bool:
+    def finished(self) -> bool:
         """Apply max_new_tokens / EOS / stop strings to res.tokens (truncating); True if done."""
+        res, cap = self.res, self.s.max_new_tokens
         # The cap first: one cycle can accept tokens past it, and an EOS there must not count.
-        capped = len(res.tokens) >= s.max_new_tokens
-        del res.tokens[s.max_new_tokens:]
+        capped = len(res.tokens) >= cap
+        del res.tokens[cap:]
         for i, t in enumerate(res.tokens):
-            if t in stops:
+            if t in self.stops:
                 del res.tokens[i + 1:]
                 res.stop_reason = "eos"
                 return True
-        if stop_strings and tokenizer is not None and _cut_at_stop_string(res, tokenizer, stop_strings):
+        if self.stop_strings and self.tokenizer is not None and _cut_at_stop_string(res, self.tokenizer,
+                                                                                     self.stop_strings):
             return True
         if capped:
             res.stop_reason = "length"
         return capped
 
-    # Prefill: the prompt through the target; its hidden states seed the drafter.
-    t0 = time.perf_counter()
-    verifier = make_verifier(target, getattr(drafter, "layer_ids", None), fast)
-    res.cache, res.path = verifier.cache, verifier.name
-    last_logits, hidden = verifier.prefill(input_ids)
-    root = pick(last_logits)
-    res.tokens.append(root)
-    _sync(dev)
-    times["prefill"] += time.perf_counter() - t0
-    if finished():
-        return res
-    t0 = time.perf_counter()
-    drafter.begin(input_ids)
-    logq = drafter.observe(torch.cat([input_ids[0, 1:], input_ids.new_tensor([root])]), hidden)
-    past = L
-    _sync(dev)
-    times["draft"] += time.perf_counter() - t0
-
-    while True:
-        # 1. Draft a tree below the root (never past the context).
+    def prefill(self, input_ids, fast) -> bool:
+        """The prompt through the target; its hidden states seed the drafter. True if the first token
+        already ends the generation."""
+        res, times, dev = self.res, self.res.times, self.dev
         t0 = time.perf_counter()
-        d = min(depth, max_pos - past - 1)
-        if d < 1:
-            res.stop_reason = "context"
-            break
-        if sampling:
-            tree = build_sampled_tree(drafter, root, logq, min(total, d * top_k), d, top_k, s.temperature, gen)
-        else:
-            tree = build_greedy_tree(drafter, root, logq, total, d, top_k)
+        self.verifier = make_verifier(self.target, getattr(self.drafter, "layer_ids", None), fast)
+        res.cache, res.path = self.verifier.cache, self.verifier.name
+        last_logits, hidden = self.verifier.prefill(input_ids)
+        self.root = self.pick(last_logits)
+        res.tokens.append(self.root)
         _sync(dev)
+        times["prefill"] += time.perf_counter() - t0
+        if self.finished():
+            return True
+        t0 = time.perf_counter()
+        self.drafter.begin(input_ids)
+        self.logq = self.drafter.observe(torch.cat([input_ids[0, 1:], input_ids.new_tensor([self.root])]), hidden)
+        self.past = input_ids.shape[1]
+        _sync(dev)
+        times["draft"] += time.perf_counter() - t0
+        return False
+
+    def cycle(self) -> bool:
+        """Draft, verify, accept, and let the drafter observe; False once the generation is done."""
+        t0 = time.perf_counter()
+        tree = self.draft()
+        if tree is None:
+            self.res.stop_reason = "context"
+            return False
+        _sync(self.dev)
         t1 = time.perf_counter()
-        # 2. Verify the whole tree in one target forward.
+        logits, hidden = self.verify(tree)
+        _sync(self.dev)
+        t2 = time.perf_counter()
+        keep, new, done = self.accept(tree, logits)
+        t3 = time.perf_counter()
+        times = self.res.times
+        times["draft"] += t1 - t0
+        times["verify"] += t2 - t1
+        times["bookkeeping"] += t3 - t2
+        if done:
+            return False
+        self.observe(keep, new, hidden)
+        return True
+
+    def draft(self) -> Tree | None:
+        """1. A tree below the root, never past the context (None: no room for one more level)."""
+        d = min(self.depth, self.max_pos - self.past - 1)
+        if d < 1:
+            return None
+        if self.sampling:
+            return build_sampled_tree(self.drafter, self.root, self.logq, min(self.total, d * self.top_k), d,
+                                      self.top_k, self.s.temperature, self.gen)
+        return build_greedy_tree(self.drafter, self.root, self.logq, self.total, d, self.top_k)
+
+    def verify(self, tree: Tree):
+        """2. The whole tree in one target forward: (logits [n, V], hidden states)."""
+        dev, past = self.dev, self.past
         ids = torch.tensor(tree.tokens, device=dev)[None]
         pos = (past + torch.tensor(tree.depths, device=dev))[None]
-        logits, hidden = verifier.verify(ids, pos, verify_mask(tree, past, dev), past)
-        _sync(dev)
-        t2 = time.perf_counter()
-        # 3. Accept, keep the accepted path in the target cache.
-        if sampling:
-            path, bonus = accept_sampling(tree, target_probs(logits, s.temperature, s.sampling_top_k, s.top_p), gen)
+        return self.verifier.verify(ids, pos, verify_mask(tree, past, dev), past)
+
+    def accept(self, tree: Tree, logits) -> tuple[list[int], list[int], bool]:
+        """3. The accepted path and the bonus token; the path kept in the target's cache, the tokens in
+        the output: (kept tree entries, new tokens, whether the generation is done)."""
+        res, s = self.res, self.s
+        if self.sampling:
+            path, bonus = accept_sampling(tree, target_probs(logits, s.temperature, s.sampling_top_k, s.top_p),
+                                          self.gen)
         else:
             path, bonus = accept_greedy(tree, logits)
         keep = [0] + path
-        verifier.keep(past, keep)
+        self.verifier.keep(self.past, keep)
         new = [tree.tokens[i] for i in path] + [bonus]
         res.forwards += 1
         res.accept_lengths.append(len(new))
@@ -605,24 +391,19 @@ def speculative_generate(
             res.rank_depths.append(tree.rank_depths)
         before = len(res.tokens)
         res.tokens.extend(new)
-        done = finished()
+        done = self.finished()
         res.decode_tokens += len(res.tokens) - before
-        past += len(keep)
-        root = bonus
-        t3 = time.perf_counter()
-        times["draft"] += t1 - t0
-        times["verify"] += t2 - t1
-        times["bookkeeping"] += t3 - t2
-        if done:
-            break
-        # 4. The drafter sees the target's features of the accepted positions.
+        self.past += len(keep)
+        self.root = bonus
+        return keep, new, done
+
+    def observe(self, keep: list[int], new: list[int], hidden: dict) -> None:
+        """4. The drafter sees the target's features of the accepted positions."""
         t0 = time.perf_counter()
-        rows = slice(0, len(keep)) if in_place(keep) else torch.tensor(keep, device=dev)
-        logq = drafter.observe(torch.tensor(new, device=dev), {j: h[:, rows] for j, h in hidden.items()})
-        _sync(dev)
-        times["draft"] += time.perf_counter() - t0
-    drafter.rollback()
-    return res
+        rows = slice(0, len(keep)) if in_place(keep) else torch.tensor(keep, device=self.dev)
+        self.logq = self.drafter.observe(torch.tensor(new, device=self.dev), {j: h[:, rows] for j, h in hidden.items()})
+        _sync(self.dev)
+        self.res.times["draft"] += time.perf_counter() - t0
 
 
 def _cut_at_stop_string(res: SpecOutput, tokenizer, stop_strings) -> bool:

@@ -28,8 +28,8 @@ def set_up_run(target, draft, cfg: EvalConfig, settings, max_pos, log=print) -> 
     """Build the fast path and the drafter, say which path verifies and in what precision the draft
     steps, pack both for ``settings`` (unless ``--tree auto`` will choose the sizes) and check a
     low-precision path's row invariance."""
+    from ..decode.drafter import as_drafter
     from ..decode.fast_draft import compute_dtype, weights_for
-    from ..decode.generator import as_drafter
 
     fast, path_note = build_fast_target(target, cfg, max_pos)
     what = (f"static cache, {str(fast.embed.dtype).removeprefix('torch.')} matmuls, float64 attention"
@@ -91,8 +91,8 @@ def build_fast_target(target, cfg: EvalConfig, max_pos) -> tuple[object | None, 
 
 def pack_for_run(fast, settings, log=print) -> dict | None:
     """Pack the fast path's matmuls for this run's verification size, the fastest way measured
-    here (``fast_target.tune_packing``); what was measured goes into results.json."""
-    from ..decode.fast_target import tune_packing
+    here (``fast_tuning.tune_packing``); what was measured goes into results.json."""
+    from ..decode.fast_tuning import tune_packing
 
     if fast is None:
         return None
@@ -143,9 +143,9 @@ class NotRowInvariant(EvalError):
 
 def check_exact(fast, settings, log=print, rows: int | None = None) -> bool | None:
     """For a bf16/fp16 fast path: that verifying this run's row count (or ``rows``) decodes bitwise
-    what one-token decoding does (``fast_target.row_invariant``), else no lossless claim could hold;
+    what one-token decoding does (``fast_tuning.row_invariant``), else no lossless claim could hold;
     raises NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-4)."""
-    from ..decode.fast_target import row_invariant
+    from ..decode.fast_tuning import row_invariant
 
     if fast is None or not fast.low_precision:
         return None

@@ -13,7 +13,7 @@ from .measure import timed
 def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repeats=3) -> dict[int, float]:
     """Seconds of one target forward of n new tokens (after a prefix) on this hardware, as the
     generator's HF path verifies them (its cache and per-layer masks)."""
-    from ..decode.generator import HFVerifier
+    from ..decode.verifiers import HFVerifier
 
     dev = ids.device
     verifier = HFVerifier(target)
