@@ -30,7 +30,8 @@ from step_flops import count_step, describe, gemm_flops, matmul_peak
 from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.core.io_utils import write_json
 from eagle3cli.data.chat_mask import template_hash
-from eagle3cli.data.features import shard_name, write_shard
+from eagle3cli.data.features import shard_name
+from eagle3cli.data.store_build import write_shard
 from eagle3cli.model.layers import choose_layers
 from eagle3cli.train.trainer import Trainer, train
 from eagle3cli.train.ttt import TTTModel

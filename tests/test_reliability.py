@@ -91,7 +91,7 @@ def test_every_user_error_class_shares_one_base():
     from eagle3cli.data.chat_mask import NoChatTemplate
     from eagle3cli.data.gen_errors import GenDataError
     from eagle3cli.data.merge_data import MergeError
-    from eagle3cli.data.sources import SourceError
+    from eagle3cli.data.raw_rows import SourceError
     from eagle3cli.evaluate.eval_config import EvalError
     from eagle3cli.publish.push import DraftRejected, PushError
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from eagle3cli.data import sources
-from eagle3cli.data.sources import SourceError, load_conversations, with_system
+from eagle3cli.data import raw_rows
+from eagle3cli.data.raw_rows import SourceError
+from eagle3cli.data.sources import Conversation, load_conversations, with_system
 
 
 def write_jsonl(path, rows):
@@ -135,7 +136,7 @@ def test_presets_resolve_to_hub_ids(monkeypatch):
         calls.append((args, kw))
         return [{"question": "q", "answer": "a"}]
 
-    monkeypatch.setattr(sources, "_load_dataset", fake_load)
+    monkeypatch.setattr(raw_rows, "_load_dataset", fake_load)
     convs, report = load_conversations("gsm8k")
     assert calls == [(("openai/gsm8k", "main"), {"split": "train", "streaming": False})]
     assert convs[0].messages == [U("q"), A("a")]
@@ -160,6 +161,6 @@ def test_unreachable_hub_is_one_line(monkeypatch):
 
 
 def test_with_system():
-    convs = [sources.Conversation(0, [S("old"), U("q"), A("a")]), sources.Conversation(1, [U("q")])]
+    convs = [Conversation(0, [S("old"), U("q"), A("a")]), Conversation(1, [U("q")])]
     assert [c.messages for c in with_system(convs, "new")] == [[S("new"), U("q"), A("a")], [S("new"), U("q")]]
     assert [c.messages for c in with_system(convs, "")] == [[U("q"), A("a")], [U("q")]]

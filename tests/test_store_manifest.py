@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from eagle3cli.data.features import FORMAT, FORMAT_VERSION, Manifest, StoreError, new_manifest, read_manifest
+from eagle3cli.data.features import FORMAT, FORMAT_VERSION, Manifest, StoreError, read_manifest
+from eagle3cli.data.store_build import new_manifest
 
 
 def test_written_manifest_reads_back_typed(tmp_path):

@@ -1,7 +1,7 @@
 """The feature store readers (train's, merge-data's) against damaged copies of one valid store.
 
-A tiny store of two shards is written with gen-data's own writers (features.write_shard, the
-sidecar gen-data writes, features.write_manifest); each variant damages one thing: the
+A tiny store of two shards is written with gen-data's own writers (store_build.write_shard, the
+sidecar gen-data writes, store_build.write_manifest); each variant damages one thing: the
 manifest or a sidecar (unparsable, each key deleted, of a wrong type, zero, negative, huge),
 a shard file (truncated, one bit flipped, removed), or a shard's tensors rewritten with a
 sidecar that matches them (removed, cast, reshaped, inconsistent offsets or counts). Both
@@ -23,16 +23,9 @@ from tiny import tiny_config
 
 from eagle3cli.core.errors import Eagle3Error
 from eagle3cli.core.io_utils import file_sha256
-from eagle3cli.data.features import (
-    FeatureStore,
-    check_complete,
-    check_store,
-    new_manifest,
-    shard_name,
-    write_manifest,
-    write_shard,
-)
+from eagle3cli.data.features import FeatureStore, check_complete, check_store, shard_name
 from eagle3cli.data.merge_data import merge
+from eagle3cli.data.store_build import new_manifest, write_manifest, write_shard
 
 HT = 64  # the tiny llama's hidden size
 TARGET = tiny_config("llama")

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from test_trainer import build_store, config, peaky_target, weights
 
 from eagle3cli.config.train_config import TrainError
-from eagle3cli.data.features import FeatureStore, shard_name, write_shard
+from eagle3cli.data.features import FeatureStore, shard_name
+from eagle3cli.data.store_build import write_shard
 from eagle3cli.decode.generator import speculative_generate
 from eagle3cli.model.target import capture
 from eagle3cli.train import train_eval

@@ -1,4 +1,4 @@
-"""The trainer on tiny feature stores built here with features.write_shard + target.capture."""
+"""The trainer on tiny feature stores built here with store_build.write_shard + target.capture."""
 
 import hashlib
 import os
@@ -14,7 +14,9 @@ from tiny import save_tiny
 
 from eagle3cli.config.train_config import TrainConfig, TrainError
 from eagle3cli.core.io_utils import write_json
-from eagle3cli.data.features import content_hash, shard_name, write_shard
+from eagle3cli.data.features import shard_name
+from eagle3cli.data.fingerprints import content_hash
+from eagle3cli.data.store_build import write_shard
 from eagle3cli.model.layers import default_layer_ids
 from eagle3cli.model.target import capture
 from eagle3cli.model.vocab import build_vocab, size_for_coverage

@@ -17,21 +17,19 @@ rather than per sample):
 ``aux``/``final`` are absent for ``--online`` stores (gen-data's) (online training). Shards are
 written to a temporary name and renamed, so a shard file that exists is complete.
 
-This module owns the store's whole contract (docs/design.md §9): the format constant, the
-shards and their sidecars, the manifest (written by :func:`write_manifest` from gen-data's
-:func:`new_manifest` base, read and type-checked by :func:`read_manifest`), the checks a reader
-makes before trusting a store (:func:`check_store`, :func:`check_complete`) and the
-fingerprints that tie a store to its target and data (:func:`content_hash`,
-:func:`data_fingerprint`). ``gen_data`` runs the pipeline that fills it; ``trainer`` reads it.
+This module owns the store's contract (docs/design.md §9): the format constant, the shards and
+their sidecars, the manifest as read and type-checked (:func:`read_manifest`), random access to
+the samples (:class:`FeatureStore`) and the checks a reader makes before trusting a store
+(:func:`check_store`, :func:`check_complete`). ``store_build`` writes shards and the manifest,
+``fingerprints`` ties a store to its target and data, ``gen_data`` runs the pipeline that fills
+it; ``trainer`` reads it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from bisect import bisect_right
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +37,8 @@ import torch
 from safetensors import safe_open
 
 from ..core.errors import Eagle3Error
-from ..core.io_utils import ensure_dir, file_sha256, save_safetensors, write_json
+from ..core.io_utils import file_sha256
+from .fingerprints import content_hash
 
 FORMAT = "eagle3-features"  # manifest "format" and every shard's safetensors metadata
 MANIFEST = "manifest.json"
@@ -157,144 +156,6 @@ def shard_order(path: Path):
     ranks (or merged from several writers) lists its samples in the order one writer would."""
     m = SHARD_FILE.match(Path(path).name)
     return (int(m.group(2)), int(m.group(1))) if m else (float("inf"), 0)
-
-
-def write_shard(path: Path, samples: list[dict], dtype: torch.dtype = torch.bfloat16):
-    """Write one shard atomically. Each sample: input_ids [T], loss_mask [T], sample_id,
-    and optionally aux [T,3Ht] and final [T,Ht]."""
-    path = Path(path)
-    ensure_dir(path.parent)
-    lengths = [int(s["input_ids"].numel()) for s in samples]
-    offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
-    offsets[1:] = torch.tensor(lengths, dtype=torch.long).cumsum(0)
-    ids = torch.cat([s["input_ids"].reshape(-1).to(torch.int32) for s in samples])
-    mask = torch.cat([s["loss_mask"].reshape(-1).to(torch.bool) for s in samples])
-    counted = ids[mask].long()
-    uniq, counts = counted.unique(return_counts=True) if counted.numel() else (counted, counted)
-    tensors = {
-        "input_ids": ids,
-        "loss_mask": mask,
-        "offsets": offsets,
-        "sample_ids": torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long),
-        "count_ids": uniq.long(),
-        "count_values": counts.long(),
-    }
-    if samples and "aux" in samples[0]:
-        tensors["aux"] = torch.cat([s["aux"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
-        tensors["final"] = torch.cat([s["final"].reshape(lengths[i], -1) for i, s in enumerate(samples)]).to(dtype)
-    # The store is often shared by a team: the file gets open()'s mode, not safetensors' 0600.
-    save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path,
-                     metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
-
-
-# ---------------------------------------------------------------- fingerprints
-
-def content_hash(model: str, gguf_file: str | None = None) -> str | None:
-    """A cheap fingerprint of a local target: config plus each weight file's name, size and
-    safetensors header (shapes and offsets); None for Hub ids (the revision identifies them)."""
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return None
-    h = hashlib.sha256()
-    cfg = path / "config.json"
-    if cfg.exists():
-        h.update(cfg.read_bytes())
-    for f in sorted(path.iterdir()):
-        if f.suffix not in (".safetensors", ".bin", ".gguf", ".pt") or (gguf_file and f.name != gguf_file
-                                                                         and f.suffix == ".gguf"):
-            continue
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-        if f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                h.update(fh.read(min(n, 1 << 24)))
-    return h.hexdigest()
-
-
-def settings_fingerprint(manifest: dict) -> str:
-    """sha256 of what makes two writers' shards parts of one store: the run settings (gen-data's
-    ``run``), the format and the target's identity. Paths give way to the content hashes when
-    those are known, since two machines may hold the same model and data under other paths."""
-    run = dict(manifest.get("run") or {})
-    target = manifest.get("target") or {}
-    if target.get("content_hash"):
-        run["model"] = "content:" + target["content_hash"]
-    if run.get("data_fingerprint"):
-        run["data"] = None
-    ident = {"format": manifest.get("format"), "version": manifest.get("version"), "run": run,
-             "target_revision": target.get("revision"), "shards_planned": manifest.get("shards_planned")}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-
-
-def data_fingerprint(data: str) -> str | None:
-    """sha256 of a local data file's content (a same-size edit must not reuse old shards);
-    None for Hub datasets."""
-    p = Path(data).expanduser()
-    if p.is_file():
-        return "sha256:" + file_sha256(p)
-    return None
-
-
-# ---------------------------------------------------------------- the manifest: writer
-
-def new_manifest(*, target: dict, model_type: str | None, hidden_size: int, vocab_size: int | None,
-                 num_layers: int, layer_ids, features: str, dtype: str, chat_template_hash: str | None,
-                 max_length: int, skipped: dict, end_token_ids, source: dict, version: str, run: dict) -> dict:
-    """The fields of a manifest fixed when gen-data starts (totals are zero until shards finish;
-    :func:`aggregate` adds them). ``target`` is {id, revision, content_hash}."""
-    return {
-        "format": FORMAT, "version": FORMAT_VERSION, "target": dict(target),
-        "model_type": model_type, "hidden_size": hidden_size, "vocab_size": vocab_size, "num_layers": num_layers,
-        "layer_ids": list(layer_ids), "features": features, "dtype": dtype, "chat_template_hash": chat_template_hash,
-        "max_length": max_length, "num_samples": 0, "num_tokens": 0, "num_masked_tokens": 0, "bytes": 0,
-        "truncated": 0, "skipped": dict(skipped), "end_token_ids": sorted(end_token_ids),
-        # The reader's own skips, kept apart from the shards' (merge-data rebuilds the totals).
-        "source": dict(source, skipped=dict(skipped)),
-        "eagle3_version": version, "run": run,
-    }
-
-
-def finished_shards(out: Path) -> dict[int, Path]:
-    """Global shard index -> its sidecar, for every finished shard (any rank wrote it)."""
-    return sidecars(Path(out) / SHARD_DIR)
-
-
-def aggregate(out: Path, base: dict, n_shards: int) -> dict:
-    """The manifest: base fields plus totals over every finished shard's sidecar."""
-    man = dict(base)
-    totals = Counter()
-    skipped = Counter(base.get("skipped") or {})
-    ends = set(base.get("end_token_ids") or [])
-    regen = Counter()
-    done = finished_shards(out)
-    for side in done.values():
-        s = read_sidecar(side)
-        for k in ("num_samples", "num_tokens", "num_masked_tokens", "truncated", "bytes"):
-            totals[k] += s[k]
-        totals["unlearned_answers"] += s.get("unlearned_answers", 0)
-        skipped.update(s.get("skipped") or {})
-        ends.update(s.get("end_token_ids") or [])
-        regen.update(s.get("regeneration") or {})
-    for k in ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers"):
-        man[k] = totals[k]
-    man["skipped"] = dict(skipped)
-    man["end_token_ids"] = sorted(ends)
-    man["source"] = dict(man.get("source") or {}, regeneration=dict(regen) if regen else None)
-    man["shards_planned"] = n_shards
-    man["shards_done"] = len(done)
-    man["complete"] = len(done) == n_shards and totals["num_samples"] > 0  # an empty store is no result
-    return man
-
-
-def write_manifest(out: Path, base: dict, n_shards: int) -> dict:
-    """Rewrite until stable: several ranks may finish shards at the same moment."""
-    out = Path(out)
-    while True:
-        before = len(finished_shards(out))
-        man = aggregate(out, base, n_shards)
-        write_json(out / MANIFEST, man)
-        if len(finished_shards(out)) == before:
-            return man
 
 
 # ---------------------------------------------------------------- the manifest: reader

@@ -29,7 +29,7 @@ from ..core.hf_utils import eos_token_ids, text_config
 from ..core.time_limit import TimeLimit
 from .chat_mask import MaskError, chat_template, end_of_turn_ids, highlight, template_hash
 from .estimates import check_disk, disk_line, estimate_store, regen_eta
-from .features import content_hash, data_fingerprint, finished_shards, new_manifest, write_manifest
+from .fingerprints import content_hash, data_fingerprint
 from .gen_errors import GenDataError
 from .gen_progress import run_shards
 from .samples import (
@@ -42,6 +42,7 @@ from .samples import (
     why_unusable,
 )
 from .sources import Conversation, images_of, load_conversations, with_system
+from .store_build import finished_shards, new_manifest, write_manifest
 from .store_writer import (
     REGEN_DIR,
     prepare_out,
@@ -132,7 +133,7 @@ class Pipeline:
         return name, (None if DTYPES[name] == own else name)
 
     def load_data(self):
-        from .sources import SourceError
+        from .raw_rows import SourceError
 
         o = self.opts
         try:
@@ -167,7 +168,7 @@ class Pipeline:
             raise GenDataError(str(e)) from None
 
     def base_manifest(self, settings: dict) -> dict:
-        """The manifest's fixed fields (features.new_manifest; totals come from the sidecars)."""
+        """The manifest's fixed fields (store_build.new_manifest; totals come from the sidecars)."""
         o = self.opts
         return new_manifest(
             target={"id": self.spec.model, "revision": self.spec.revision,

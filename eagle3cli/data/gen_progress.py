@@ -9,8 +9,8 @@ from contextlib import ExitStack
 from ..core.progress import LogProgress
 from ..core.threads import adapt as adapt_threads
 from ..core.time_limit import now
-from .features import write_manifest
 from .gen_errors import GenDataError
+from .store_build import write_manifest
 
 
 class GenProgress:

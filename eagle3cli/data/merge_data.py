@@ -7,7 +7,7 @@ under which settings. The merge trusts nothing it has not checked, and checks ev
 it writes a byte:
 
 1. every ``--from`` folder is a store whose settings fingerprint
-   (:func:`features.settings_fingerprint`) equals the first one's;
+   (:func:`fingerprints.settings_fingerprint`) equals the first one's;
 2. every planned shard index is present exactly once over all folders (a second copy, even
    under another rank's name, is refused), and none lies beyond the plan;
 3. every shard matches its sidecar (byte length and sha256, :func:`features.shard_problem`).
@@ -38,13 +38,12 @@ from .features import (
     SIDECAR_FILE,
     Manifest,
     StoreError,
-    aggregate,
     check_shard,
     read_sidecar,
-    settings_fingerprint,
     shard_problem,
-    write_manifest,
 )
+from .fingerprints import settings_fingerprint
+from .store_build import aggregate, write_manifest
 from .store_writer import REGEN_DIR
 
 TOTALS = ("num_samples", "num_tokens", "num_masked_tokens", "bytes", "truncated", "unlearned_answers",

@@ -21,7 +21,8 @@ file's folder); such a message keeps its parts, the image parts with their absol
 A row that cannot be used (malformed JSON, unknown shape, empty or role-less conversation,
 non-string content, no user turn, no assistant turn when answers are kept) is skipped and
 counted by reason; the first few locations are kept so the user can look at them. ``strict``
-turns the first bad row into an error instead.
+turns the first bad row into an error instead. Reading the rows (files, presets, the Hub) is
+``raw_rows``' job.
 """
 
 from __future__ import annotations
@@ -31,24 +32,11 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
-from ..core.errors import Eagle3Error
+from .raw_rows import Malformed, SourceError, Truncated, raw_rows
 
 FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")
-
-# Usual corpora -> (Hub id, subset, split). Resolved only when --dataset names the preset.
-PRESETS: dict[str, tuple[str, str | None, str]] = {
-    "sharegpt": ("Aeala/ShareGPT_Vicuna_unfiltered", None, "train"),
-    "ultrachat": ("HuggingFaceH4/ultrachat_200k", None, "train_sft"),
-    "gsm8k": ("openai/gsm8k", "main", "train"),
-    "alpaca": ("tatsu-lab/alpaca", None, "train"),
-    "openhermes": ("teknium/OpenHermes-2.5", None, "train"),
-    "slimorca": ("Open-Orca/SlimOrca", None, "train"),
-    "magpie": ("Magpie-Align/Magpie-Llama-3.1-Pro-300K-Filtered", None, "train"),
-    "codealpaca": ("sahil2801/CodeAlpaca-20k", None, "train"),
-    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
-}
 
 ROLE_ALIASES = {
     "human": "user", "user": "user", "prompter": "user",
@@ -63,10 +51,6 @@ MAX_REPORTED = 5
 
 class BadRow(ValueError):
     """A row that cannot become a conversation; the message is the reason (counted as such)."""
-
-
-class SourceError(Eagle3Error, ValueError):
-    """The source itself is unusable (missing file, unknown format, unreachable Hub id)."""
 
 
 @dataclass
@@ -216,7 +200,8 @@ def _turn_list(turns, role_key: str, content_key: str) -> list[dict]:
         if mapped == "assistant" and t.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(t["tool_calls"], what)
         if mapped == "assistant" and isinstance(t.get("reasoning_content"), str) and t["reasoning_content"].strip():
-            msg["content"] = f"<think>\n{t['reasoning_content'].strip()}\n</think>\n\n{plain_text(msg['content']).lstrip()}"
+            think = f"<think>\n{t['reasoning_content'].strip()}\n</think>\n\n"
+            msg["content"] = think + plain_text(msg["content"]).lstrip()
         if mapped == "tool":
             msg.update({k: t[k] for k in ("tool_call_id", "name") if isinstance(t.get(k), str)})
         out.append(msg)
@@ -348,117 +333,6 @@ def detect_format(row) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- raw rows
-
-
-def _json_rows(path: Path) -> Iterator[tuple[str, object]]:
-    """Rows of a JSON array (or a dict of id -> row). A truncated array (as the ShareGPT
-    package ships) is decoded object by object; the cut-off tail is reported, not fatal."""
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        data = None
-    if isinstance(data, dict):
-        data = [dict(v, id=k) if isinstance(v, dict) and "id" not in v else v for k, v in data.items()]
-    if isinstance(data, list):
-        # Line numbers of objects are not tracked for whole-file JSON; report the array index.
-        for i, row in enumerate(data):
-            yield f"{path.name}[{i}]", row
-        return
-    start = text.find("[")
-    if start < 0:
-        raise SourceError(f"{path}: not a JSON array or object, and not JSON Lines (use a .jsonl name)")
-    dec, pos, i = json.JSONDecoder(), start + 1, 0
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return
-        line = text.count("\n", 0, pos) + 1
-        try:
-            row, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            yield f"{path.name}:{line}", _Truncated()
-            return
-        yield f"{path.name}:{line}", row
-        i += 1
-
-
-class _Truncated:
-    """Marker for the unreadable tail of a truncated JSON array."""
-
-
-def _decode(path: Path, data: bytes, first_line: int = 1) -> str:
-    """Bytes as text. utf-8-sig: a byte-order mark (Notepad) is not part of the first row."""
-    try:
-        return data.decode("utf-8-sig" if first_line == 1 else "utf-8")
-    except UnicodeDecodeError as e:
-        line = first_line + data.count(b"\n", 0, e.start)
-        raise SourceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): save it as "
-                          "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-
-
-def _read_text(path: Path) -> str:
-    return _decode(path, path.read_bytes())
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
-    with open(path, "rb") as f:  # streamed: a JSONL file may be larger than memory
-        for n, raw in enumerate(f, 1):
-            line = _decode(path, raw, n)
-            if not line.strip():
-                continue
-            try:
-                yield f"{path.name}:{n}", json.loads(line)
-            except json.JSONDecodeError:
-                yield f"{path.name}:{n}", _Malformed()
-
-
-class _Malformed:
-    """Marker for a line that is not valid JSON."""
-
-
-def _dataset_rows(ds, name: str) -> Iterator[tuple[str, object]]:
-    for i, row in enumerate(ds):
-        yield f"{name} row {i}", row
-
-
-def _load_dataset(*args, **kw):
-    import datasets
-
-    try:
-        return datasets.load_dataset(*args, **kw)
-    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; one line for the user
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SourceError(f"could not load dataset {args[0] if args else ''}: {msg}") from e
-
-
-def raw_rows(data: str, split: str | None = None, subset: str | None = None,
-             streaming: bool = False) -> tuple[Iterator[tuple[str, object]], str]:
-    """(rows with their location, description) for a local file, a preset or a Hub id."""
-    path = Path(data).expanduser()
-    suffix = "".join(path.suffixes[-1:]).lower()
-    if path.exists() and path.is_file():
-        if suffix == ".jsonl":
-            return _jsonl_rows(path), str(path)
-        if suffix == ".json":
-            return _json_rows(path), str(path)
-        if suffix == ".parquet":
-            ds = _load_dataset("parquet", data_files=str(path), split="train", streaming=streaming)
-            return _dataset_rows(ds, path.name), str(path)
-        raise SourceError(f"{path}: unsupported file type {suffix or '(none)'}; use .json, .jsonl or .parquet")
-    if suffix in (".json", ".jsonl", ".parquet") or data.startswith((".", "/", "~")):
-        raise SourceError(f"--dataset {data}: no such file")
-    hub_id = data
-    if data.lower() in PRESETS:
-        hub_id, preset_subset, preset_split = PRESETS[data.lower()]
-        subset = subset or preset_subset
-        split = split or preset_split
-    ds = _load_dataset(hub_id, subset, split=split or "train", streaming=streaming)
-    return _dataset_rows(ds, hub_id), hub_id
-
-
 # ---------------------------------------------------------------- loading
 
 
@@ -490,9 +364,9 @@ def load_conversations(
     for index, (where, row) in enumerate(rows):
         report.rows += 1
         try:
-            if isinstance(row, _Malformed):
+            if isinstance(row, Malformed):
                 raise BadRow("malformed JSON")
-            if isinstance(row, _Truncated):
+            if isinstance(row, Truncated):
                 raise BadRow("truncated JSON (end of file)")
             if report.format is None:
                 report.format = detect_format(row)

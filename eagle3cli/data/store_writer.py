@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ..config.options import GenDataOptions
 from ..core.io_utils import atomic_write_bytes, ensure_dir, file_sha256, write_json
-from .features import MANIFEST, SHARD_DIR, shard_name, shard_problem, write_shard
+from .features import MANIFEST, SHARD_DIR, shard_name, shard_problem
 from .gen_errors import GenDataError
 from .sources import Conversation
+from .store_build import write_shard
 
 REGEN_DIR = "regenerated"
 

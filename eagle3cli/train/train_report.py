@@ -135,7 +135,7 @@ def trained_on(src: dict) -> tuple[str | None, list[str]]:
 
 def hub_datasets(data: str | None) -> list[str]:
     """The Hub id of gen-data's --dataset when it was one (or a preset); [] for a local file."""
-    from ..data.sources import PRESETS
+    from ..data.raw_rows import PRESETS
 
     if not isinstance(data, str):
         return []
