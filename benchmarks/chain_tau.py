@@ -38,8 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--json-out")
     args = p.parse_args(argv)
 
-    from eagle3cli.decode.generator import speculative_generate
     from eagle3cli.data.turns import encode
+    from eagle3cli.decode.generator import speculative_generate
     from eagle3cli.evaluate.tasks import load_turns_file
 
     target, tok, draft, s, fast, note = setup(args)

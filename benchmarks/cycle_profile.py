@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                 split[k] += r.times[k]
             cycles, tokens = cycles + r.forwards, tokens + r.decode_tokens
     per = lambda v: 1000 * v / max(1, cycles)  # noqa: E731
-    print(f"{len(prompts)} first turns, {args.mode}, draft in {args.draft_dtype} ({args.draft_weights} weights), {torch.get_num_threads()} "
+    print(f"{len(prompts)} first turns, {args.mode}, draft in {args.draft_dtype} ({args.draft_weights} weights), "
+          f"{torch.get_num_threads()} "
           f"threads: {cycles} cycles, tau {tokens / max(1, cycles):.3f}")
     print("per cycle: " + ", ".join(f"{k} {per(v):.2f} ms" for k, v in split.items()))
     rest = spent.get("_logq", 0.0) - spent.get("logits", 0.0)

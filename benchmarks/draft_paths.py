@@ -2,8 +2,8 @@
 reference), the lean step (``fast_draft.FastDraft``) in fp32, the lean step in bf16, and the lean
 bf16 step with int8 and with int4 weights (``weight_quant``; what ``--draft-weights`` picks).
 
-    PYTHONPATH=. python benchmarks/draft_paths.py --model TARGET --draft DRAFT [--mode tree --tree 16,4,4 | --mode chain --steps 3] \
-        [--limit 10] [--threads 2] [--dtype bfloat16]
+    PYTHONPATH=. python benchmarks/draft_paths.py --model TARGET --draft DRAFT \
+        [--mode tree --tree 16,4,4 | --mode chain --steps 3] [--limit 10] [--threads 2] [--dtype bfloat16]
 
 Runs ``speculative_generate`` on the fast path (the target in ``--dtype``, packed for the run as
 ``eagle3 eval`` packs it) on the first turns of ``--limit`` mt_bench questions, each drafter in

@@ -138,7 +138,8 @@ def main():
     a = ap.parse_args()
     bench, spec = find_binary("llama-bench", a.llama_cpp), find_binary("llama-speculative-simple", a.llama_cpp)
     plain = plain_tps(bench, a.target_gguf, a.n, a.threads, max(3, a.repeats))
-    print(f"plain: {plain:.1f} tok/s ({bench.name} -m {a.target_gguf.name} -p 0 -n {a.n} -t {a.threads} -r {max(3, a.repeats)})")
+    print(f"plain: {plain:.1f} tok/s ({bench.name} -m {a.target_gguf.name} -p 0 -n {a.n} -t {a.threads} "
+          f"-r {max(3, a.repeats)})")
     ps = prompts(a.prompts, a.limit, a.model)
     extra = ["-td", str(a.threads_draft)] if a.threads_draft else []
     rows = []

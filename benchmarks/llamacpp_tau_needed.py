@@ -8,8 +8,8 @@ A speculative cycle in llama.cpp costs one verification of K+1 tokens plus K dra
 bookkeeping; it emits tau tokens where a plain step emits one, so the draft pays exactly when
 tau > cycle ms / plain step ms. Both costs are measured here with llama.cpp's own tools
 (``llama-bench -p 0 -n N`` for the plain step, ``llama-speculative-simple --spec-type
-draft-eagle3 --ignore-eos`` on a chat prompt for the cycle: benchmarks/llamacpp_bench.py parses it), for each target type the
-converter writes (the target converted once into the eagle3 cache) and each draft type
+draft-eagle3 --ignore-eos`` on a chat prompt for the cycle: benchmarks/llamacpp_bench.py parses it), for
+each target type the converter writes (the target converted once into the eagle3 cache) and each draft type
 (``eagle3 export-gguf`` of DRAFT_DIR). A cycle's cost does not depend on what the draft proposes,
 so any draft of the right shape measures it (an untrained one accepts nothing: every cycle then
 runs its full K drafts and K+1 verified tokens). Plain and speculative runs alternate, --rounds
@@ -74,7 +74,8 @@ def main():
                 rows.append(row)
                 print(f"target {t}, draft {d}, K {k}: plain {plain:.1f} tok/s ({row['plain_step_ms']:.1f} ms); cycle "
                       f"{row['cycle_ms']:.1f} ms = verify {row['verify_ms'] or float('nan'):.1f} + draft/other "
-                      f"{row['draft_other_ms'] or float('nan'):.1f}: pays above tau {row['tau_needed']:.2f}", flush=True)
+                      f"{row['draft_other_ms'] or float('nan'):.1f}: pays above tau {row['tau_needed']:.2f}",
+                      flush=True)
     print(f"\n{a.n} tokens, {a.threads} threads, medians of {a.rounds} alternating rounds\n")
     print("| target | draft | K | plain tok/s | cycle ms (verify + draft/other) | pays above tau |")
     print("|---|---|---|---|---|---|")

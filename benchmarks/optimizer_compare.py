@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from train_throughput import SMOLLM2, build_store
 
 from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.train.trainer import train
-from train_throughput import SMOLLM2, build_store
 
 
 def run(optimizer: str, args, data: str, out: Path) -> dict:

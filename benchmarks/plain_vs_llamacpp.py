@@ -79,7 +79,8 @@ def step_bytes(model, dtype: torch.dtype, kv_dtype: torch.dtype, position: int) 
     total += head.numel() * esize + embed.shape[1] * esize
     cfg = model.config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * hd * position * torch.tensor([], dtype=kv_dtype).element_size()
+    kv_bytes = torch.tensor([], dtype=kv_dtype).element_size()
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * hd * position * kv_bytes
     return total + kv
 
 

@@ -16,8 +16,8 @@ what generation would cost if every step were full and prefills were free. ``--s
 and ``--skip-static`` run one side.
 
 ``--regen-dtype`` is gen-data's: auto computes an fp32 target's regeneration in bfloat16 on a CPU
-with native bf16 matmuls (AVX512-BF16 or AMX). ``--agreement N`` measures how faithful such answers are to the target at its
-own dtype: teacher-forced on the first N first-turn answers, how often its greedy token is the
+with native bf16 matmuls (AVX512-BF16 or AMX). ``--agreement N`` measures how faithful such answers are to the
+target at its own dtype: teacher-forced on the first N first-turn answers, how often its greedy token is the
 regenerated one (answers regenerated at the target's own dtype give about 1.0).
 """
 
@@ -28,10 +28,10 @@ import time
 
 import torch
 
-from eagle3cli.decode.batch_decode import SlotTarget
 from eagle3cli.data.chat_mask import end_of_turn_ids, render
 from eagle3cli.data.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
 from eagle3cli.data.sources import load_conversations
+from eagle3cli.decode.batch_decode import SlotTarget
 from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer, model_device
 
 

@@ -18,11 +18,11 @@ import time
 import torch
 
 from eagle3cli.data.turns import encode
+from eagle3cli.decode.generator import SpecSettings, n_alpha, speculative_generate
 from eagle3cli.evaluate.measure import hf_generate
 from eagle3cli.evaluate.tasks import load_turns_file
-from eagle3cli.publish.export import load_draft
-from eagle3cli.decode.generator import SpecSettings, n_alpha, speculative_generate
 from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
+from eagle3cli.publish.export import load_draft
 
 
 def main():

@@ -150,7 +150,8 @@ def main(argv=None) -> int:
     greedy_generate(target, first, 16, fast=fast)  # warm-up, as eval's
     speculative_generate(target, drafter, first, s, fast=fast, max_new_tokens=16)
     plain = {"tokens": 0, "seconds": 0.0}
-    acc = {h: {"tokens": 0, "decode_tokens": 0, "seconds": 0.0, "forwards": 0, "draft": 0.0, "verify": 0.0, "bookkeeping": 0.0,
+    acc = {h: {"tokens": 0, "decode_tokens": 0, "seconds": 0.0, "forwards": 0, "draft": 0.0, "verify": 0.0,
+               "bookkeeping": 0.0,
                "lossless": 0, "turns": 0, "steered": 0, "rows": 0} for h in hits}
     for n, pr in enumerate(prompts, 1):
         messages = []
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
         cycle = (a["draft"] + a["verify"] + a["bookkeeping"]) / f
         row = {"hit": h, "tau": tau, "draft_ms": 1000 * a["draft"] / f, "verify_ms": 1000 * a["verify"] / f,
                "bookkeeping_ms": 1000 * a["bookkeeping"] / f, "overhead": (a["draft"] + a["bookkeeping"]) / f / cycle,
-               "cycle_in_plain_steps": cycle / step, "speedup": (a["tokens"] / a["seconds"]) / (plain["tokens"] / plain["seconds"]),
+               "cycle_in_plain_steps": cycle / step,
+               "speedup": (a["tokens"] / a["seconds"]) / (plain["tokens"] / plain["seconds"]),
                "lossless": f"{a['lossless']}/{a['turns']}", "steered_rows": a["steered"], "path_rows": a["rows"]}
         result["rows"].append(row)
         print(f"{h:5.2f} {tau:6.3f} {row['draft_ms']:9.2f} {row['verify_ms']:10.2f} {row['bookkeeping_ms']:8.2f} "

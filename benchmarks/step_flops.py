@@ -23,8 +23,13 @@ from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import (FlopCounterMode, flop_registry, register_flop_formula, sdpa_backward_flop_count,
-                                      sdpa_flop_count)
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm", aten.baddbmm.default: "baddbmm"}

@@ -140,9 +140,9 @@ def main(argv: list[str]):
 
     extra = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args[2:])}
     sampler = Sampler()
-    from eagle3cli.train import trainer as T
-    from eagle3cli.data.features import read_manifest
     from eagle3cli.config.train_config import resolve
+    from eagle3cli.data.features import read_manifest
+    from eagle3cli.train import trainer as T
 
     if phases:
         trace_phases(sampler)

@@ -151,7 +151,8 @@ def main():
     print(f"{'ttt_steps':>9} {'precision':>9} {'tokens/s':>10} {'tokens/cpu-s':>13} {'mean loss':>10} {'steps':>6} "
           f"{'peak MB':>8}")
     for r in rows:
-        print(f"{r['ttt_steps']:>9} {r['mixed_precision']:>9} {r['tokens_per_s']:>10.1f} {r['tokens_per_cpu_s']:>13.1f} "
+        print(f"{r['ttt_steps']:>9} {r['mixed_precision']:>9} {r['tokens_per_s']:>10.1f} "
+              f"{r['tokens_per_cpu_s']:>13.1f} "
               f"{r['mean_loss']:>10.4f} {r['steps']:>6} {r['peak_memory_mb']:>8}")
     ratios = {}
     by = {(r["ttt_steps"], r["mixed_precision"]): r for r in rows}

@@ -109,7 +109,8 @@ def main():
     cols = f"{'new tokens':>10} {'hf ms':>8} {'x one':>6} {'mkl ms':>8} {'x one':>6}"
     print(cols + (f" {'onednn ms':>9} {'x one':>6}" if onednn else "") + f" {'best/hf':>8}"
           + (f" {'bf16 ms':>8} {'x own one':>9} {'x fp32 one':>10}" if bf16 else "")
-          + (f" {'bf16 onednn ms':>14} {'x own one':>9} {'x fp32 one':>10}" if bf16 and len(bf16[sizes[0]]) > 1 else ""))
+          + (f" {'bf16 onednn ms':>14} {'x own one':>9} {'x fp32 one':>10}"
+             if bf16 and len(bf16[sizes[0]]) > 1 else ""))
     h1 = lat[sizes[0]][0]
     for n in sizes:
         h, *f = lat[n]

@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target model folder (or Hub id)")
     p.add_argument("--draft", help="EAGLE-3 draft folder (required unless --mode plain)")
-    p.add_argument("--prompts", required=True, help="JSONL: {turns:[..]}, ShareGPT {conversations}, {question} or {prompt}")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL: {turns:[..]}, ShareGPT {conversations}, {question} or {prompt}")
     p.add_argument("--limit", type=int, default=10, help="number of conversations (0 = all)")
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -207,7 +208,8 @@ def main(argv=None) -> int:
                    help="vLLM dtype (default: float32 on CPU, where vLLM's auto picks bf16 and ran 2x slower "
                         "on an AVX2 machine; auto on GPU)")
     p.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM gpu_memory_utilization (CPU: RAM share)")
-    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="explicit KV cache size (0 = from --memory-fraction)")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0,
+                   help="explicit KV cache size (0 = from --memory-fraction)")
     p.add_argument("--print-outputs", action="store_true", help="print every generated answer")
     p.add_argument("--json-out", help="write the full result (metrics + answers) here")
     args = p.parse_args(argv)

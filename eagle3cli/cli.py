@@ -45,7 +45,8 @@ def _version(value: bool):
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ):
     """Train, evaluate and ship EAGLE-3 draft heads."""
 

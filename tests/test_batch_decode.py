@@ -3,11 +3,11 @@ to the static-batch loop token for token."""
 
 import pytest
 import torch
-from tiny import tiny_config, tiny_model
+from tiny import tiny_model
 
-from eagle3cli.decode.batch_decode import SlotTarget, common_prefix
 from eagle3cli.data.chat_mask import end_of_turn_ids
 from eagle3cli.data.regenerate import GenSettings, regenerate_local
+from eagle3cli.decode.batch_decode import SlotTarget, common_prefix
 from eagle3cli.model.target import TargetSpec, load_target, load_tokenizer
 
 

@@ -4,12 +4,19 @@ plus its end-of-turn token, for every template family (real tokenizers, realisti
 from pathlib import Path
 
 import pytest
+from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
 from transformers import AutoTokenizer
 
 from eagle3cli.data.chat_mask import (
-    MaskError, NoChatTemplate, chat_template, end_of_turn_ids, has_generation_markers, highlight, masked_segments,
-    tokenize_conversation)
-from tiny import QWEN_TOKENIZER, SMOLLM2_TOKENIZER
+    MaskError,
+    NoChatTemplate,
+    chat_template,
+    end_of_turn_ids,
+    has_generation_markers,
+    highlight,
+    masked_segments,
+    tokenize_conversation,
+)
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 

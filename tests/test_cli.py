@@ -3,7 +3,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from eagle3cli import __version__
-from eagle3cli.cli import app, COMMANDS
+from eagle3cli.cli import COMMANDS, app
 from eagle3cli.cli_docs import render
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"

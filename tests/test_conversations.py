@@ -82,7 +82,8 @@ def assert_learned(tok, ids, mask, learned: list[str]):
 def test_tool_calls_learn_only_the_assistants_own_tokens(qwen):
     t = tokenize_conversation(qwen, TOOL_CONV, tools=TOOLS)
     text = qwen.decode(t.input_ids)
-    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text  # the schemas reached the template
+    # the schemas reached the template
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert "<tool_response>\n{\"temp\": 21}\n</tool_response>" in text
     assert_learned(qwen, t.input_ids, t.loss_mask, [
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
@@ -288,8 +289,9 @@ def test_gen_data_reasoning_keep_regenerates_with_thinking_on(qwen_tiny_dir, qwe
         assert mask[len(ids) - n:] == [True] * n  # the answer ends each sample, and only it is learned
         learned.append(ids[len(ids) - n:])
         # the target answered from the thinking-on prompt (thinking off would end it with an empty think block)
-        assert qwen.decode(ids[:len(ids) - n]).endswith("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n") \
-            or qwen.decode(ids[:len(ids) - n]).endswith("Name a colour.<|im_end|>\n<|im_start|>assistant\n")
+        said = qwen.decode(ids[:len(ids) - n])
+        assert said.endswith("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n") \
+            or said.endswith("Name a colour.<|im_end|>\n<|im_start|>assistant\n")
     assert sorted(learned) == sorted(a["token_ids"] for a in answers)
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny import tiny_config
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.core import io_utils
 from eagle3cli.core.errors import WriteError
-from tiny import tiny_config
 
 PHRASE = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
 CODES = [errno.ENOSPC, errno.EROFS]
@@ -153,7 +153,8 @@ def test_boundary_maps_a_disk_error_wherever_it_surfaces():
 
     line, code = message_for(OSError(errno.EROFS, "Read-only file system", "/data/x"))
     assert code == 1 and line.startswith("read-only file system writing /data/x: choose another --out")
-    line, code = message_for(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"))
+    line, code = message_for(SafetensorError("Error while serializing: I/O error: No space left on device "
+                                             "(os error 28)"))
     assert code == 1 and line.startswith("no space left on the device: free some space")
     assert message_for(OSError(errno.ENOENT, "No such file or directory", "/data/x")) is None
     assert message_for(SafetensorError("Error while deserializing header: HeaderTooLarge")) is None
@@ -395,7 +396,8 @@ def tiny_target_gguf(path: Path, vocab: int) -> Path:
 @pytest.mark.parametrize("code", CODES, ids=IDS)
 def test_export_gguf_fault_is_one_line_and_the_rerun_is_byte_equal(draft_dir, tmp_path, code, monkeypatch):
     monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
-    target = tiny_target_gguf(tmp_path / "target.gguf", json.loads((draft_dir / "config.json").read_text())["vocab_size"])
+    target = tiny_target_gguf(tmp_path / "target.gguf",
+                              json.loads((draft_dir / "config.json").read_text())["vocab_size"])
     args = ["export-gguf", draft_dir, "--target-gguf", target, "--outtype", "f32", "--outtype", "q8_0"]
     res = cli(*args, "-o", tmp_path / "ref")
     assert res.exit_code == 0, res.output

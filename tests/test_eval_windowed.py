@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_evaluate import make_draft
+from test_windowed_generation import FULL, SLIDING
+from tiny import SMOLLM2_TOKENIZER, save_tiny
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
-from test_evaluate import make_draft
-from test_windowed_generation import SLIDING, FULL
-from tiny import SMOLLM2_TOKENIZER, save_tiny
 
 runner = CliRunner()
 

@@ -175,7 +175,8 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
 
     built, packed = [], []
     init, repack = fast_target.Decoder.__init__, fast_target.Decoder.repack
-    monkeypatch.setattr(fast_target.Decoder, "__init__", lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
+    monkeypatch.setattr(fast_target.Decoder, "__init__",
+                        lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
     monkeypatch.setattr(fast_target.Decoder, "repack", lambda self, rows: (packed.append(rows), repack(self, rows))[1])
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"

@@ -97,7 +97,8 @@ BROKEN = {
     "d2t_indices": (lambda t: {**t, "d2t": torch.arange(0, 200, 2)}, None, "indices, not offsets"),
     "d2t_int32": (lambda t: {**t, "d2t": t["d2t"].to(torch.int32)}, None, "int64"),
     "bad_shape": (lambda t: {**t, "fc.weight": torch.zeros(64, 128, dtype=torch.bfloat16)}, None, "shape of fc.weight"),
-    "no_vllm_key": (None, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids is missing"),
+    "no_vllm_key": (None, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"),
+                    "eagle_aux_hidden_state_layer_ids is missing"),
     "no_sglang_key": (None, lambda c: c.pop("eagle_config"), "eagle_config.eagle_aux_hidden_state_layer_ids"),
     "keys_disagree": (None, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 4, 5]), "disagree"),
     "short_max_pos": (None, lambda c: c.update(max_position_embeddings=128), "smaller than the target's 512"),
@@ -151,8 +152,8 @@ def test_inspect_cli_exit_codes(tmp_path):
 
 
 def test_layers_cli(tmp_path):
-    from typer.testing import CliRunner
     from tiny import save_tiny
+    from typer.testing import CliRunner
 
     from eagle3cli.cli import app
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model
 
 from eagle3cli.decode.fast_target import FastTarget
 from eagle3cli.decode.generator import greedy_generate
-from tiny import tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "granite"]
 NO_EOS = [-1]

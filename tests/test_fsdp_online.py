@@ -83,7 +83,8 @@ def test_fsdp2_two_processes_match_one_and_resume_exactly(tokens_store, target_d
     assert max(abs(a - b) for a, b in zip(val(two["history"]), val(one.history))) <= 1e-4
     w = {n: load_file(str(tmp_path / f"{n}.safetensors")) for n in
          ("full-rank0", "full-rank1", "resumed-rank0", "resumed-rank1")}
-    assert all(torch.equal(w["full-rank0"][k], w[n][k]) for n in w for k in w["full-rank0"])  # ranks agree, resume exact
+    # ranks agree, resume exact
+    assert all(torch.equal(w["full-rank0"][k], w[n][k]) for n in w for k in w["full-rank0"])
     ref = one.draft.state_dict()
     assert max(float((w["full-rank0"][k] - ref[k]).abs().max()) for k in ref if ref[k].is_floating_point()) <= 1e-4
     ckpt = sorted((tmp_path / "full" / "checkpoints").glob("step-*"))[-1] / "model.safetensors"

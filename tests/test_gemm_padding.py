@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 import torch
+from test_ttt import make_draft
+from tiny import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from eagle3cli.train.gemm_padding import LENGTH_MULTIPLE, TOKEN_MULTIPLE, cpu_bf16_autocast, grid_shape
 from eagle3cli.train.ttt import TTTModel, teacher_from_final, teacher_rows
-from test_ttt import make_draft
-from tiny import tiny_model
 
 GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
          torch.ops.aten.baddbmm.default}

@@ -390,7 +390,8 @@ def test_endpoint_gives_up_with_a_clear_error():
 def test_gen_data_with_endpoint(fake_server, smol_tiny_dir, data_file, tmp_path, monkeypatch):
     import eagle3cli.model.target as target
 
-    monkeypatch.setattr(target, "load_target", lambda spec: pytest.fail("--endpoint with --features none needs no model"))
+    monkeypatch.setattr(target, "load_target",
+                        lambda spec: pytest.fail("--endpoint with --features none needs no model"))
     man = run(options(tmp_path / "s", data_file, endpoint=fake_server, features="none", system="Be brief."),
               TargetSpec(str(smol_tiny_dir)))
     assert man["num_samples"] == 6 and man["source"]["endpoint"] == fake_server

@@ -718,7 +718,8 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
         return now[0]
 
     got = tune_packing(fast, 3, clock=clock)
-    assert got == {"rows": 3, "packed_for": "4", "packing": [1, 4], "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0, "onednn": 3000.0},
+    assert got == {"rows": 3, "packed_for": "4", "packing": [1, 4],
+                   "ms": {"none": 5000.0, "3": 9000.0, "4": 2000.0, "onednn": 3000.0},
                    "one_row": {"uses": "1", "ms": {"none": 2000.0, "1": 1500.0, "onednn": 1800.0}}}
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(1, 4)}
     assert len(fast.decoder.linears()) == 4 * target.config.num_hidden_layers + 1

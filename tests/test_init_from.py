@@ -58,7 +58,8 @@ def test_keep_carries_d2t_t2d_and_lm_head_together(store, target_dir, tmp_path):
     tr = setup(config(store, target_dir, tmp_path / "run", init_from=str(tmp_path / "src")))
     d = tr.draft
     n = src.config.draft_vocab_size
-    assert d.config.draft_vocab_size == n == 251 and torch.equal(d.d2t.cpu(), src.d2t) and torch.equal(d.t2d.cpu(), src.t2d)
+    assert d.config.draft_vocab_size == n == 251
+    assert torch.equal(d.d2t.cpu(), src.d2t) and torch.equal(d.t2d.cpu(), src.t2d)
     assert torch.equal(tr.vocab_ids.cpu(), src.draft_to_target(torch.arange(n)))  # the teacher's rows
     assert torch.equal(fwd(d), fwd(src))
     res = train(config(store, target_dir, tmp_path / "run2", init_from=str(tmp_path / "src"), max_steps=2,

@@ -20,8 +20,8 @@ from eagle3cli.cli import app
 gguf = pytest.importorskip("gguf")
 
 from test_evaluate import engine_case as eval_engine_case  # noqa: E402
-from test_evaluate import make_draft as make_eval_draft  # noqa: E402
 from test_evaluate import engine_eval_args, python_wrapper  # noqa: E402
+from test_evaluate import make_draft as make_eval_draft  # noqa: E402
 from test_realmodels import CHAT, write_tiny_gguf  # noqa: E402
 
 runner = CliRunner()
@@ -146,7 +146,12 @@ def test_target_gguf_of_another_model_is_refused(draft_dir, tmp_path):
 def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
     """llama.cpp's own converter (through our shim) and write_draft_gguf give the same file content."""
     from eagle3cli.publish.gguf_export import (
-        convert_target, find_converter, read_gguf_summary, run_converter, write_draft_gguf)
+        convert_target,
+        find_converter,
+        read_gguf_summary,
+        run_converter,
+        write_draft_gguf,
+    )
 
     if find_converter() is None:
         pytest.skip("no convert_hf_to_gguf.py under $EAGLE3_LLAMA_CPP")
@@ -159,7 +164,8 @@ def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
     a, b = read_gguf_summary(conv), read_gguf_summary(ours)
     assert a["tensors"] == b["tensors"]
     skip = {"general.name", "general.size_label"}
-    assert {k: v for k, v in a["keys"].items() if k not in skip} == {k: v for k, v in b["keys"].items() if k not in skip}
+    assert ({k: v for k, v in a["keys"].items() if k not in skip}
+            == {k: v for k, v in b["keys"].items() if k not in skip})
     ra, rb = gguf.GGUFReader(str(conv)), gguf.GGUFReader(str(ours))
     for x, y in zip(sorted(ra.tensors, key=lambda t: t.name), sorted(rb.tensors, key=lambda t: t.name)):
         assert np.array_equal(np.array(x.data), np.array(y.data)), x.name
@@ -283,7 +289,8 @@ def test_card_shows_engine_rows(draft_dir, tmp_path, this_checkouts_template):
     from eagle3cli.publish.model_card import eval_rows, render_card
 
     res = {"hardware": "CPU", "settings": {"mode": "chain", "steps": 3}, "tasks": {},
-           "engine": {"name": "llama.cpp", "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": 3, "threads": 2},
+           "engine": {"name": "llama.cpp", "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": 3,
+                                                        "threads": 2},
                       "tasks": {"mt_bench": {"num_prompts": 20, "tau": 1.4567, "speedup": 0.81, "lossless": True,
                                              "tokens_per_s": {"baseline": 36.04, "speculative": 29.2}}}}}
     (row,) = eval_rows([res])
@@ -354,6 +361,7 @@ def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_pat
     """No sentencepiece (a fresh install without the extra): one line naming the extra, before any
     model is loaded; a converter that fails on an import names it too."""
     import importlib.util
+
     import tomllib
 
     from eagle3cli.evaluate import llamacpp
@@ -365,7 +373,8 @@ def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_pat
     (src / "convert_hf_to_gguf.py").write_text("raise SystemExit('not run in this test')\n")
     (src / "llama-server").symlink_to(fake_bin / "llama-server")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sentencepiece" else real(name, *a))
     loads = []
     monkeypatch.setattr("eagle3cli.model.target.load_target", lambda *a, **k: loads.append(a))
     r = runner.invoke(app, ["eval", "--model", str(target), "--draft", str(draft), "--engine", "llama.cpp",
@@ -381,7 +390,8 @@ def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_pat
                                           "ModuleNotFoundError: No module named 'sentencepiece'")
 
     monkeypatch.setattr(gguf_export, "convert_target", no_module)
-    with pytest.raises(llamacpp.LlamaCppError, match=r"No module named 'sentencepiece': pip install \"eagle3\[llamacpp\]\""):
+    with pytest.raises(llamacpp.LlamaCppError,
+                       match=r"No module named 'sentencepiece': pip install \"eagle3\[llamacpp\]\""):
         llamacpp.engine_files(draft, str(target), tmp_path / "g", llama_cpp=src)
     # the extra brings every module the converter imports
     extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
@@ -397,7 +407,8 @@ def test_card_takes_the_fastest_lossless_llamacpp_setting(draft_dir, this_checko
 
     def run(n_max, p_min, draft, speedups, lossless=True):
         tasks = {f"t{i}": {"num_prompts": 5, "tau": 1.5, "speedup": sp, "lossless": lossless,
-                           "tokens_per_s": {"baseline": 40.0, "speculative": 40.0 * sp}} for i, sp in enumerate(speedups)}
+                           "tokens_per_s": {"baseline": 40.0, "speculative": 40.0 * sp}}
+                 for i, sp in enumerate(speedups)}
         return {"hardware": "CPU X", "settings": {}, "tasks": {},
                 "engine": {"name": "llama.cpp", "draft_gguf": f"/tmp/g/{draft}", "tasks": tasks,
                            "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": n_max,
@@ -457,9 +468,11 @@ def test_quickstart_measures_llamacpp_beside_ours(smol_tiny_dir, tmp_path, monke
     assert task["baseline_from"] == "llamacpp" and tps["baseline"] == tps["baseline_llamacpp"]
     assert task["speedup"] == pytest.approx(tps["speculative"] / tps["baseline_llamacpp"])
     gguf = Path(res.results["plain_engine"]["target_gguf"])
-    assert gguf.name == "target-f32.gguf" and gguf.is_relative_to(tmp_path / "cache" / "gguf") and gguf.is_file()
+    assert gguf.name == "target-f32.gguf" and gguf.is_file()
+    assert gguf.is_relative_to(tmp_path / "cache" / "gguf")
     (start,) = [json.loads(ln) for ln in (tmp_path / "args.jsonl").read_text().splitlines()]
     assert start[start.index("-m") + 1] == str(gguf)
     ours = max(tps["baseline_hf"], tps["baseline_fast"])
-    assert plain_decoding(tps) == f"{tps['baseline']:.1f} tok/s (llama.cpp {tps['baseline_llamacpp']:.1f}, ours {ours:.1f})"
+    assert plain_decoding(tps) == (f"{tps['baseline']:.1f} tok/s (llama.cpp {tps['baseline_llamacpp']:.1f}, "
+                                   f"ours {ours:.1f})")
     assert plain_decoding({"baseline": 12.34, "baseline_fast": 12.34}) == "12.3 tok/s"

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 import eagle3cli
 from eagle3cli.cli import app
-from eagle3cli.core.errors import Eagle3Error, OptionError
 from eagle3cli.config.options import TARGET_FIELDS, EvalOptions, GenDataOptions, TargetOptions, parse_tree
-from eagle3cli.model.target import TargetSpec
 from eagle3cli.config.train_config import TrainConfig
+from eagle3cli.core.errors import Eagle3Error, OptionError
+from eagle3cli.model.target import TargetSpec
 
 PACKAGE = Path(eagle3cli.__file__).parent
 TARGET = {f.name: f for f in dataclasses.fields(TargetOptions)}
@@ -104,7 +104,8 @@ def gen_data_gets(monkeypatch):
 
 def test_gen_data_flags_become_options_and_spec(gen_data_gets, tmp_path):
     res = invoke("gen-data", "-m", "x/y", "--dataset", "d.jsonl", "-o", tmp_path / "s", "--layers", "2,5,7",
-                 "--engine", "vllm", "--vllm-args", '{"gpu_memory_utilization": 0.8}', "--chat-template", "t.jinja", "--dtype",
+                 "--engine", "vllm", "--vllm-args", '{"gpu_memory_utilization": 0.8}', "--chat-template", "t.jinja",
+                 "--dtype",
                  "float32", "--no-regenerate", "-n", 3, env={"EAGLE3_API_KEY": "k2", "OPENAI_API_KEY": None})
     assert res.exit_code == 0, res.output
     opts, spec = gen_data_gets["opts"], gen_data_gets["spec"]

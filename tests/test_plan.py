@@ -7,7 +7,14 @@ import pytest
 
 from eagle3cli.core.estimate import eta_line, minutes_text, regen_rate, regenerated, train_seconds
 from eagle3cli.workflows.plan import (
-    MIN_STEPS, REGEN_PAYS_TOKENS_PER_S, BudgetError, Measurements, PlanFlags, make_plan, stage_seconds)
+    MIN_STEPS,
+    REGEN_PAYS_TOKENS_PER_S,
+    BudgetError,
+    Measurements,
+    PlanFlags,
+    make_plan,
+    stage_seconds,
+)
 
 # About what the 2-core AMD EPYC with AVX512-BF16 measures for SmolLM2 (bf16 regeneration)
 FAST = Measurements(cpu="AVX512-BF16", threads=2, regen_dtype="bfloat16", regen_bound=210.0,
@@ -69,11 +76,11 @@ def test_regenerated_data_is_read_three_times_and_online_once():
 def test_given_sizes_win_and_an_overrun_is_said():
     p = make_plan(FAST, PlanFlags(budget_min=20, samples=100))
     assert p.conversations == 100 and p.steps == round(3 * 100 * 240 / (1024 * 0.88))
-    assert "--samples as given" in p.reasons[1]
+    assert "--max-samples as given" in p.reasons[1]
     p = make_plan(FAST, PlanFlags(budget_min=20, steps=50, eval_prompts=3))
     assert p.steps == 50 and p.eval_prompts == 3 and "(as asked)" in p.reasons[2]
     big = make_plan(FAST, PlanFlags(budget_min=20, samples=5000, steps=4000))
-    assert big.total_s > 20 * 60 and big.reasons[-1].startswith("note: --samples and --steps make the run longer")
+    assert big.total_s > 20 * 60 and big.reasons[-1].startswith("note: --max-samples and --max-steps make the run longer")
 
 
 def test_a_budget_below_the_minimum_is_refused_with_the_minimum():

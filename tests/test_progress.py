@@ -45,7 +45,8 @@ def test_lines_come_once_the_interval_has_passed_with_done_total_rate_eta():
     assert len(buf.getvalue().splitlines()) == 1
     clock.now += 31
     p.close()  # the final line comes whether due or not
-    assert buf.getvalue().splitlines()[-1] == "train: 45/100 steps (45%), 0.28 steps/s, loss 2.5, elapsed 1:30, eta 3:18"
+    assert buf.getvalue().splitlines()[-1] == ("train: 45/100 steps (45%), 0.28 steps/s, loss 2.5, "
+                                               "elapsed 1:30, eta 3:18")
 
 
 def test_nothing_on_a_terminal_and_the_interval_from_the_environment(monkeypatch):

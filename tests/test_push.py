@@ -14,12 +14,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny import tiny_config
 from typer.testing import CliRunner
 
-from tiny import tiny_config
-
-from eagle3cli.publish import push as lib
 from eagle3cli.cli import app
+from eagle3cli.publish import push as lib
 
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 REPO = "someone/smol-eagle3"
@@ -237,7 +236,8 @@ def test_local_target_needs_base_model(tmp_path):
     assert f"vllm serve {TARGET} " in (tmp_path / "o" / "README.md").read_text()
 
     # the folder eagle3 itself converts SmolLM2 into (realmodels.py) says where it came from
-    (local / "SOURCE.txt").write_text("converted from SmolLM2-135M-Instruct.Q4_1.gguf (float32) by eagle3cli.core.realmodels\n")
+    (local / "SOURCE.txt").write_text("converted from SmolLM2-135M-Instruct.Q4_1.gguf (float32) "
+                                      "by eagle3cli.core.realmodels\n")
     res, text = cli(d, "--repo", REPO, "--dry-run", tmp_path / "o2")
     assert res.exit_code == 0, res.output
     assert f"base model: {TARGET}" in text

@@ -131,7 +131,8 @@ def test_a_budget_below_the_minimum_is_refused_in_one_line(smol_tiny_dir, tmp_pa
     last = r.output.strip().splitlines()[-1]
     import re
 
-    found = re.search(r"--budget 0.01 is below the (\d+) minutes this machine needs .*: give --budget (\d+) or more$", last)
+    found = re.search(r"--budget 0.01 is below the (\d+) minutes this machine needs .*: give --budget (\d+) or more$",
+                      last)
     assert found and found.group(1) == found.group(2) and int(found.group(1)) >= 1
     assert not (out / "data").exists()
 

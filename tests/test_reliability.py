@@ -234,7 +234,8 @@ def test_config_json_that_is_a_list(draft_for_smol, smol_tiny_dir, tmp_path):
     for folder in (d, m):
         (folder / "config.json").write_text("[1, 2]")
     res = invoke("inspect", d)
-    assert res.exit_code == 1 and "problem: config: config.json holds a JSON list, engines expect an object" in res.output
+    assert res.exit_code == 1
+    assert "problem: config: config.json holds a JSON list, engines expect an object" in res.output
     res = invoke("inspect", draft_for_smol, "-m", m)
     assert error_line(res) == (f"error: {m / 'config.json'} holds a JSON list, not an object: restore the "
                                "model's config.json")
@@ -487,7 +488,8 @@ def test_published_files_carry_no_local_paths(token_store, smol_tiny_dir, tmp_pa
     assert res.exit_code == 0, res.output
     meta = json.loads((tmp_path / "o" / "config.json").read_text())["eagle3_training"]
     assert meta["data"] == "chats.jsonl (the dataset's own answers)"
-    res = invoke("push", tmp_path / "o", "--repo", "me/smol-eagle3", "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+    res = invoke("push", tmp_path / "o", "--repo", "me/smol-eagle3", "--base-model",
+                 "HuggingFaceTB/SmolLM2-135M-Instruct",
                  "--dataset-id", "Aeala/ShareGPT_Vicuna_unfiltered", "--dry-run", tmp_path / "pub")
     assert res.exit_code == 0, res.output
     for name in ("config.json", "eagle3_training.json", "README.md"):
@@ -573,5 +575,6 @@ def test_eval_turns_file_with_a_bom_or_not_utf8(tmp_path):
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"turns": ["Hi"]}).encode() + b"\n")
     assert [x.turns for x in load_turns_file(p)] == [["Hi"]]
     p.write_bytes(b'{"turns": ["caf\xe9"]}\n')
-    with pytest.raises(EvalError, match=r"t.jsonl: not UTF-8 text \(invalid continuation byte at byte 15\): save it as UTF-8"):
+    with pytest.raises(EvalError,
+                       match=r"t.jsonl: not UTF-8 text \(invalid continuation byte at byte 15\): save it as UTF-8"):
         load_turns_file(p)

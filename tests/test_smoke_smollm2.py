@@ -11,8 +11,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from eagle3cli.core import realmodels as rm
 from eagle3cli.cli import app
+from eagle3cli.core import realmodels as rm
 from eagle3cli.workflows.quickstart import bundled_prompts
 
 

@@ -82,7 +82,8 @@ def peaky_target(path: Path, tokenizer_dir: Path, seed: int = 0, **kw) -> Path:
     teacher has structure and its argmax lies inside the draft vocab."""
     from transformers import AutoModelForCausalLM
 
-    save_tiny(path, "llama", tokenizer_dir=tokenizer_dir, seed=seed, **{"hidden_size": 64, "intermediate_size": 128, **kw})
+    save_tiny(path, "llama", tokenizer_dir=tokenizer_dir, seed=seed, **{"hidden_size": 64, "intermediate_size": 128,
+                                                                        **kw})
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         model.lm_head.weight[200:] = 0

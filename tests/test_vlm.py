@@ -32,7 +32,8 @@ def tiny_processor(path):
     tok = AutoTokenizer.from_pretrained(path)
     ip = ImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2, temporal_patch_size=2)
     check = ProcessorMixin.check_argument_for_proper_class
-    ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None if arg is None else check(self, name, arg)
+    ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None if arg is None else check(self, name,
+                                                                                                            arg)
     try:
         return Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tok, video_processor=None)
     finally:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model
 
 from eagle3cli.model import warm_start
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft
 from eagle3cli.model.layers import default_layer_ids
-from tiny import tiny_model
 
 
 def fresh_draft(target, vocab_ids):

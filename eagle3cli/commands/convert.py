@@ -58,7 +58,8 @@ def convert(
     rep, _ = inspect_any(path, target_config)
     for p in rep.problems:
         show.print(f"[red]problem:[/] {p}", highlight=False)
-    engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}" for k, v in (rep.summary.get("engines") or {}).items())
+    engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}"
+                        for k, v in (rep.summary.get("engines") or {}).items())
     show.print(f"inspect on the result: {'ok' if rep.ok else 'problems found'} (format {rep.summary.get('format')}; "
                f"reads it correctly: {engines})", highlight=False)
     raise typer.Exit(0 if rep.ok else 1)

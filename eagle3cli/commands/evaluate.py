@@ -98,8 +98,8 @@ def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
     import signal
     import sys
 
-    from ..evaluate.tasks import load_task
     from ..evaluate.llamacpp import engine_files, run
+    from ..evaluate.tasks import load_task
     from ..model.target import load_tokenizer
 
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
@@ -159,7 +159,8 @@ def show(results: dict):
     if not results["tasks"]:
         return
     s = results["settings"]
-    shape = f"steps {s['steps']}" if s["mode"] == "chain" else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}"
+    shape = (f"steps {s['steps']}" if s["mode"] == "chain"
+             else f"{s['total_tokens']} nodes, depth {s['depth']}, top-k {s['top_k']}")
     t = Table(title=f"eagle3 eval: {s['mode']} ({shape}), T={s['temperature']}, {results['hardware']}")
     has_pl = any("prompt_lookup" in r["tokens_per_s"] for r in results["tasks"].values())
     has_llama = any("baseline_llamacpp" in r["tokens_per_s"] for r in results["tasks"].values())
@@ -173,7 +174,8 @@ def show(results: dict):
         lossless = {True: "[green]yes[/]", False: "[red]NO[/]", None: "n/a (T>0)"}[r["lossless"]]
         row = [name, str(r["num_prompts"]), r.get("path") or "-", fmt(r["tau"]), fmt(tps.get("baseline_hf"), ".1f"),
                fmt(tps.get("baseline_fast"), ".1f")] + ([fmt(tps.get("baseline_llamacpp"), ".1f")] if has_llama else [])
-        row += [fmt(tps["speculative"], ".1f"), fmt(r.get("cycle_ratio")), fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
+        row += [fmt(tps["speculative"], ".1f"), fmt(r.get("cycle_ratio")),
+                fmt(r["speedup"]) + "x" if r["speedup"] else "-"]
         if has_pl:
             row.append(fmt(tps.get("prompt_lookup"), ".1f"))
         t.add_row(*row, alpha, lossless)

@@ -7,13 +7,14 @@ from typing import List, Optional
 
 import typer
 
-from ..config.options import GGUFType, Alias
+from ..config.options import Alias, GGUFType
 from .common import aliased, console, fail
 
 
 @aliased(("model", Alias("--target")))
 def export_gguf(
-    draft_dir: Path = typer.Argument(..., metavar="DRAFT_DIR", help="The draft directory (config.json + model.safetensors)."),
+    draft_dir: Path = typer.Argument(..., metavar="DRAFT_DIR",
+                                     help="The draft directory (config.json + model.safetensors)."),
     out: Path = typer.Option(Path("gguf"), "--out", "-o", help="Folder for draft-TYPE.gguf (and target-TYPE.gguf)."),
     outtype: List[GGUFType] = typer.Option(["f32"], "--outtype", help="The GGUF's weight type; "
                                                       "repeatable."),

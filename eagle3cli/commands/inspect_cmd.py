@@ -47,7 +47,8 @@ def inspect(
         rows.append((f"--model {model}: hidden / vocab", f"{text_config(target_config).hidden_size} / "
                      f"{text_config(target_config).vocab_size}"))
     if "target_layers" in s:
-        rows.append(("target layers / engines' default j", f"{s['target_layers']} / {s.get('target_default_layers_j')}"))
+        rows.append(("target layers / engines' default j",
+                     f"{s['target_layers']} / {s.get('target_default_layers_j')}"))
     for eng, ok in (s.get("engines") or {}).items():
         rows.append((f"{eng} reads it correctly", "yes" if ok and rep.ok else "no"))
     for eng, (ok, _) in (s.get("target_support") or {}).items():

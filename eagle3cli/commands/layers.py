@@ -35,8 +35,10 @@ def layers(
     out.print(f"decoder layers   N = {choice.n_layers}")
     out.print(f"hidden size      {t.hidden_size}")
     out.print(f"vocab size       {t.vocab_size}")
-    out.print(f"layers j         {', '.join(map(str, choice.ids))}   (input of decoder layer j = hidden_states[j]; vLLM)")
-    out.print(f"layers j-1       {', '.join(map(str, choice.output_ids))}   (output of layer j-1; SGLang, reference EAGLE)")
+    out.print(f"layers j         {', '.join(map(str, choice.ids))}   "
+              "(input of decoder layer j = hidden_states[j]; vLLM)")
+    out.print(f"layers j-1       {', '.join(map(str, choice.output_ids))}   "
+              "(output of layer j-1; SGLang, reference EAGLE)")
     out.print(f"engines' default {', '.join(map(str, default_layer_ids(choice.n_layers)))}")
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}", highlight=False)

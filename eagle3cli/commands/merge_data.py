@@ -17,7 +17,7 @@ def merge_data(
     move: bool = typer.Option(False, "--move", help="Move the shards (hard links where the filesystem allows, "
                               "sources removed once OUT is sealed) instead of copying them."),
 ):
-    """Check that writers' shards make one store (each planned shard once, intact, same settings), gather and seal it."""
+    """Check that writers' shards make one store (each planned shard once, intact, same settings), gather and seal it."""  # noqa: E501 (the help line)
     from ..data.merge_data import merge
 
     merge(out, sources, move=move, say=lambda line: common.console.print(f"[green]{line}[/]", highlight=False))

@@ -22,7 +22,8 @@ def quickstart(
                                  help="Minutes the whole run may take: it measures this machine first (half a minute, "
                                       "more on busy cores), then sizes the data route, conversations, training "
                                       "steps and eval to end within them."),
-    plan_only: bool = typer.Option(False, "--plan-only", help="Measure, print the measurements and the plan, and exit."),
+    plan_only: bool = typer.Option(False, "--plan-only",
+                                   help="Measure, print the measurements and the plan, and exit."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples",
                                               help="Training conversations (ShareGPT). (default: planned for "
                                                    "--budget)"),

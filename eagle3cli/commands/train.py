@@ -2,8 +2,8 @@
 
 The train command's flags are generated from the fields of ``TrainConfig`` (one flag per field,
 same name with dashes; the target's come from the shared ``TargetOptions``), so a setting can
-never exist in recipes but not on the command line or the other way round. Every flag defaults to "not given" so that recipe values are overridden
-only by flags the user actually typed.
+never exist in recipes but not on the command line or the other way round. Every flag defaults to
+"not given" so that recipe values are overridden only by flags the user actually typed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ _EXTRA = [
     inspect.Parameter("recipe", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                       default=typer.Option("auto", "--recipe", help=RECIPE_HELP)),
     inspect.Parameter("print_config", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                      default=typer.Option(False, "--print-config", help="Print the resolved settings as JSON and exit.")),
+                      default=typer.Option(False, "--print-config",
+                                           help="Print the resolved settings as JSON and exit.")),
 ]
 
 

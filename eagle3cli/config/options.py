@@ -192,7 +192,8 @@ class GenDataOptions(TargetOptions):
     temperature: float = option(0.0, "0 = greedy.")
     top_p: float = option(1.0, "Nucleus sampling (with --temperature > 0).")
     regen_dtype: str = option("auto", "What local regeneration computes in (auto: "
-                                      "bfloat16 for an fp32 target on a CPU with AVX512-BF16 or AMX, 1.3-1.8x faster there; else "
+                                      "bfloat16 for an fp32 target on a CPU with AVX512-BF16 or AMX, "
+                                      "1.3-1.8x faster there; else "
                                       "--dtype's). Features are captured at --dtype.", choices=DTYPES)
     system: str | None = option(None, "Set this system prompt on every conversation (\"\" removes them).")
     reasoning: str | None = option(None, "A reasoning target's conversations. The target regenerates with "
@@ -333,7 +334,8 @@ class EvalOptions(TargetOptions):
                                "it too; speedup is against the faster plain decoding.", choices=("auto", "on", "off"))
     draft_weights: str = option("auto", "Store the drafter's matmul weights as integers "
                                         "(CPU weight-only kernels; only proposals change, decoding stays lossless). "
-                                        "auto: int4 where the draft steps in bf16 beside a bf16 target, else full (with fp32 "
+                                        "auto: int4 where the draft steps in bf16 beside a bf16 target, "
+                                        "else full (with fp32 "
                                         "inputs the integer kernels are slower than full weights).",
                                 choices=("auto", "full", "int8", "int4"))
     engine: str = option("eagle3", "eagle3 (our generator), llama.cpp or vllm: also measure the draft in "

@@ -4,8 +4,8 @@ Library code raises a subclass of :class:`Eagle3Error` (GenDataError, TrainError
 PushError, SourceError, ...) whose message says what is wrong and what to do. The CLI boundary
 (:func:`boundary`, wrapped around every command once, in ``cli.py``) prints it as one line
 ``error: ...`` and exits non-zero. A disk that fills or refuses a write (``OSError`` ENOSPC,
-EDQUOT, EROFS, EFBIG, and safetensors' wrapping of them) and Ctrl-C are mapped there too. Anything else is a bug and keeps its traceback; ``EAGLE3_DEBUG=1`` shows the traceback of
-the mapped errors as well.
+EDQUOT, EROFS, EFBIG, and safetensors' wrapping of them) and Ctrl-C are mapped there too. Anything else is
+a bug and keeps its traceback; ``EAGLE3_DEBUG=1`` shows the traceback of the mapped errors as well.
 
 This module imports nothing heavy: the CLI loads it before any command runs.
 """
@@ -62,7 +62,8 @@ _WRITE_FAULTS = {
                   "choose another --out on a file system that takes larger files"),
 }
 if hasattr(errno, "EDQUOT"):
-    _WRITE_FAULTS[errno.EDQUOT] = ("disk quota exceeded", "free some space or raise the quota (or choose another --out)")
+    _WRITE_FAULTS[errno.EDQUOT] = ("disk quota exceeded",
+                                   "free some space or raise the quota (or choose another --out)")
 # Errors only a write can meet: mapped at the boundary wherever they surface.
 DISK_ERRNOS = frozenset(n for n in (errno.ENOSPC, errno.EROFS, errno.EFBIG, getattr(errno, "EDQUOT", None)) if n)
 
@@ -70,7 +71,8 @@ DISK_ERRNOS = frozenset(n for n in (errno.ENOSPC, errno.EROFS, errno.EFBIG, geta
 def write_failure_message(e: OSError, path=None) -> str:
     """One line for an OS error while writing ``path`` (default: the error's own file name)."""
     what, todo = _WRITE_FAULTS.get(e.errno, None) or (
-        f"{(e.strerror or os.strerror(e.errno or 0)).lower()} (errno {e.errno})", "check the disk (or choose another --out)")
+        f"{(e.strerror or os.strerror(e.errno or 0)).lower()} (errno {e.errno})",
+        "check the disk (or choose another --out)")
     where = path if path is not None else getattr(e, "filename", None)
     where = f" writing {where}" if where else ""
     return f"{what}{where}: {todo} and run the same command again; finished shards and checkpoints are kept"

@@ -246,7 +246,8 @@ def regenerate_local(model, tokenizer, conversations: list[list[dict]], settings
         for i in active:
             ctx, users, _ = state[i]
             ctx.extend(users[turn])
-            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True, **_with_tools(template_kwargs, tools[i]))
+            text = render(tokenizer, strip_meta(ctx), add_generation_prompt=True,
+                          **_with_tools(template_kwargs, tools[i]))
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if settings.max_length and len(ids) >= settings.max_length:
                 stats.dropped_turns += len(users) - turn

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import Eagle3Error
+
+if TYPE_CHECKING:  # the type only: importing this module loads no torch
+    import torch
 
 
 class TurnsFileError(Eagle3Error, ValueError):

@@ -177,7 +177,9 @@ def capture(llm, ids: list[list[int]], n_aux: int, norm_weight, eps: float, out:
     from safetensors.torch import save_file
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-        cleanup_hidden_states, load_hidden_states)
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
     from vllm.inputs import TokensPrompt
 
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in ids],

@@ -384,7 +384,8 @@ def engine_files(draft_dir, target: str, out_dir: Path, target_gguf=None, draft_
             for w in warnings:
                 log(f"converter warning: {w}")
         if draft_gguf is None:
-            files, warnings = export_gguf(draft_dir, out_dir, outtype, target_dir=target if Path(target).is_dir() else None,
+            files, warnings = export_gguf(draft_dir, out_dir, outtype,
+                                          target_dir=target if Path(target).is_dir() else None,
                                           target_gguf=target_gguf, llama_cpp=llama_cpp, log=log)
             for w in warnings:
                 log(f"converter warning: {w}")
@@ -409,7 +410,8 @@ def engine_table(section: dict):
     from .report import fmt
 
     s = section["settings"]
-    t = Table(title=f"{section['name']}: {s['spec_type']}, chain {s['spec_draft_n_max']}, p-min {s['spec_draft_p_min']}, "
+    t = Table(title=f"{section['name']}: {s['spec_type']}, chain {s['spec_draft_n_max']}, "
+                    f"p-min {s['spec_draft_p_min']}, "
                     f"threads {s['threads'] or 'default'} ({section.get('version') or 'version unknown'})")
     for col in ["task", "prompts", "tau", "accepted/drafted", "plain tok/s", "spec tok/s", "speedup", "same output"]:
         t.add_column(col, justify="left" if col == "task" else "right")

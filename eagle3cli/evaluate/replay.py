@@ -55,7 +55,8 @@ def replay_plain(loaded, tokenizer, decode: Callable[[str, list[int]], tuple[lis
                 tokens, text = decode(task, ids)
                 run.outputs[(task, p.id, i)] = list(tokens)
                 ctxs.append(ids)
-                messages.append({"role": "assistant", "content": text if text is not None else tokenizer.decode(tokens)})
+                messages.append({"role": "assistant",
+                                 "content": text if text is not None else tokenizer.decode(tokens)})
             run.contexts[(task, p.id)] = ctxs
             done += 1
             after_prompt(done, total)

@@ -55,7 +55,8 @@ def check_fsdp(acc, online: bool, quantized: bool):
         return
     if not online:
         raise TrainError("FSDP shards the target, which only --online training runs: train an offline store "
-                         "with DDP (multi-GPU in the accelerate config), or pass --online with a store gen-data wrote with --online")
+                         "with DDP (multi-GPU in the accelerate config), or pass --online with a store gen-data "
+                         "wrote with --online")
     if getattr(plugin, "fsdp_version", 1) != 2:
         raise TrainError("eagle3 train shards the target with FSDP2: set fsdp_version: 2 in the accelerate config "
                          "(accelerate launch --fsdp_version 2)")

@@ -18,9 +18,9 @@ from typing import Sequence
 
 import torch
 
+from ..config.options import TargetOptions, target_options
 from ..core.errors import Eagle3Error, one_line
 from ..core.hf_utils import text_config
-from ..config.options import TargetOptions, target_options
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ..model.draft import DraftConfig, Eagle3Draft
 from ..core.errors import Eagle3Error
-from .draft_check import (DIGEST_KEY, CorruptDraft, config_problems, read_weights, tensor_problems,
-                          weights_digest)
 from ..core.io_utils import ensure_dir, save_safetensors, write_json
+from ..model.draft import DraftConfig, Eagle3Draft
+from .draft_check import DIGEST_KEY, CorruptDraft, config_problems, read_weights, tensor_problems, weights_digest
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -172,7 +171,8 @@ def draft_config_from_json(d: dict) -> DraftConfig:
         rp.setdefault("rope_type", rp.pop("type", "default"))
         rp["rope_theta"] = float(d.get("rope_theta", 10000.0))
     ids = d.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and isinstance(d.get("eagle_config"), dict) and d["eagle_config"].get("eagle_aux_hidden_state_layer_ids"):
+    if (ids is None and isinstance(d.get("eagle_config"), dict)
+            and d["eagle_config"].get("eagle_aux_hidden_state_layer_ids")):
         ids = [k + 1 for k in d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     heads = d["num_attention_heads"]
     return DraftConfig(

@@ -58,7 +58,8 @@ def llamacpp_command(repo: str, gguf_files=(), best: dict | None = None) -> str:
     files = sorted(gguf_files)
     name = best["draft"] if best and best["draft"] in files else files[0] if files else "draft-f32.gguf"
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
-           f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR --llama-cpp LLAMA_CPP_DIR -o .\n")
+           f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR "
+           "--llama-cpp LLAMA_CPP_DIR -o .\n")
     s = (best or {}).get("settings") or {}
     p_min = s.get("spec_draft_p_min") or 0
     cmd = (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max "
@@ -179,9 +180,11 @@ def eval_rows(results: list[dict]) -> list[dict]:
                 "tokens_per_s": f"{_num(tps.get('baseline'), '.1f')} → {_num(tps.get('speculative'), '.1f')}",
                 "n_alpha": "—",
                 "lossless": "yes" if t.get("lossless") is True else
-                            (f"no ({len(t.get('mismatches') or [])} prompts differ)" if t.get("lossless") is False else "—"),
+                            (f"no ({len(t.get('mismatches') or [])} prompts differ)" if t.get("lossless") is False
+                             else "—"),
                 "hardware": hardware,
-                "settings": f"{eng.get('name', 'engine')} {es.get('spec_type', '')}, chain {es.get('spec_draft_n_max')}, "
+                "settings": f"{eng.get('name', 'engine')} {es.get('spec_type', '')}, "
+                            f"chain {es.get('spec_draft_n_max')}, "
                             f"threads {es.get('threads') or 'default'}",
             })
     return rows
@@ -208,7 +211,8 @@ def facts(config: dict, target: str | None) -> list[tuple[str, str]]:
          else str(dv)),
         ("Hidden size", str(config.get("hidden_size"))
          + (f" (target {config['target_hidden_size']})" if config.get("target_hidden_size") else "")),
-        ("Max positions", f"{config.get('max_position_embeddings'):,}" if config.get("max_position_embeddings") else "—"),
+        ("Max positions",
+         f"{config.get('max_position_embeddings'):,}" if config.get("max_position_embeddings") else "—"),
         ("Weights", f"`model.safetensors`, {config.get('torch_dtype') or config.get('dtype') or '?'}"),
     ]
     return rows

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from ..model.draft import Eagle3Draft
+from ..config.train_config import TrainConfig, TrainError
 from ..core.errors import one_line
 from ..core.io_utils import discard, ensure_dir, replace_dir, save_safetensors, save_torch, write_json, writing
-from ..config.train_config import TrainConfig, TrainError
+from ..model.draft import Eagle3Draft
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"

@@ -252,7 +252,8 @@ def measurement_lines(m: Measurements) -> list[str]:
         + (f" ({m.threads_note})" if m.threads_note else ""),
         f"regeneration: {m.regen_bound:,.0f} tokens/s for a full batch step in {m.regen_dtype} "
         f"(~{regen_rate(m.regen_bound, m.regen_dtype):,.0f} over a whole run)",
-        f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s; plain decoding {1000 * m.decode_token_s:.0f} ms/token",
+        f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s; "
+        f"plain decoding {1000 * m.decode_token_s:.0f} ms/token",
         f"training step: {m.step_s:.2f} s (full TTT unroll), {m.warmup_step_s:.2f} s (one TTT step)",
         f"data: ~{m.answer_tokens:.0f} generated tokens and ~{m.regenerated_tokens:.0f} stored per regenerated "
         f"conversation, ~{m.text_tokens:.0f} of the dataset's own text",

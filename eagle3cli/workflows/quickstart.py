@@ -146,7 +146,8 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log, minutes: float 
     val_fraction = min(0.05, 40 / max(1, opts.samples))
     flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
                  draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
-                 max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume, val_fraction=val_fraction,
+                 max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume,
+                 val_fraction=val_fraction,
                  eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
                  accept_loss=opts.accept_loss, ttt_warmup=int(opts.steps * opts.ttt_warmup_share))
     if minutes:  # a store that gen-data's limit stopped early is trained as it is
