@@ -208,7 +208,7 @@ def run_specforge(split: Path, out: Path, lr: float, steps: int, tokens: int, tt
     collate = DataCollatorWithPadding()
     raw = [{"aux_hidden_state": s["aux"].float()[None], "hidden_state": s["final"].float()[None],
             "input_ids": s["input_ids"].long(), "loss_mask": s["loss_mask"].long()} for s in samples]
-    batches, seen, step, epoch = [], 0, 0, 0
+    seen, step, epoch = 0, 0, 0
     t0, c0 = time.time(), time.process_time()
     while step < steps:
         for idx in specforge_batches(samples, tokens, seed=epoch):
@@ -293,7 +293,8 @@ def export_split(store_dir: str, out: Path, draft: Path, args) -> None:
     for j, i in enumerate(train_idx):
         s = store[i]
         n = min(int(s["input_ids"].numel()), args.max_length)
-        flat.update({f"{j}.input_ids": s["input_ids"][:n].contiguous(), f"{j}.loss_mask": s["loss_mask"][:n].to(torch.uint8),
+        flat.update({f"{j}.input_ids": s["input_ids"][:n].contiguous(),
+                     f"{j}.loss_mask": s["loss_mask"][:n].to(torch.uint8),
                      f"{j}.aux": s["aux"][:n].contiguous(), f"{j}.final": s["final"][:n].contiguous()})
     out.mkdir(parents=True, exist_ok=True)
     save_file(flat, str(out / "train.safetensors"))
@@ -309,7 +310,8 @@ def train_ours(name: str, lr: float, args, work: Path, precision: str = "auto", 
     c0, t0 = child_cpu_s(), time.time()
     sh([EAGLE3, "train", "--store", args.data, "--model", args.model, "--out", str(out),
         "--recipe", "none", "--device", "cpu", "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size",
-        str(args.draft_vocab), *(("--lr", str(lr)) if lr else ()), "--max-tokens", str(args.tokens), "--max-steps", str(args.steps),
+        str(args.draft_vocab), *(("--lr", str(lr)) if lr else ()), "--max-tokens", str(args.tokens),
+        "--max-steps", str(args.steps),
         "--epochs", "100", "--val-fraction", str(args.val_fraction), "--seed", str(args.seed),
         "--max-length", str(args.max_length), "--log-every", "1", "--save-every", "100000",
         "--mixed-precision", precision, *extra], work / f"{name}.log")
@@ -397,7 +399,7 @@ def ablation(args, work: Path) -> None:
     for label, flags in ABLATION.items():
         if args.ablate_only and label not in args.ablate_only.split(";"):
             continue
-        name = f"ablate_{args.ablate_lr:g}_" + label.replace(" ", "_").replace(".", "").replace(",", "").replace("'", "").replace("+", "")
+        name = f"ablate_{args.ablate_lr:g}_" + "".join(c for c in label.replace(" ", "_") if c not in ".,'+")
         res_file = work / f"{name}.json"
         if not res_file.exists():
             res = train_ours(name, args.ablate_lr, args, work, "auto", flags)

@@ -5,13 +5,20 @@ import json
 
 import pytest
 import yaml
+from tiny import ARCHS, tiny_config
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
 from eagle3cli.commands.train import train as train_command
 from eagle3cli.config.train_config import (
-    FAMILIES, TrainConfig, load_recipe, recipe_for_model_type, recipe_names, recipe_source, resolve)
-from tiny import ARCHS, tiny_config
+    FAMILIES,
+    TrainConfig,
+    load_recipe,
+    recipe_for_model_type,
+    recipe_names,
+    recipe_source,
+    resolve,
+)
 
 runner = CliRunner()
 FAMILY_OF_TINY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral",

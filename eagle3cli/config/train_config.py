@@ -6,7 +6,8 @@ Every field of ``TrainConfig`` is at once a CLI flag of ``eagle3 train`` (``lr``
     dataclass defaults  <  recipe (--recipe NAME|FILE|auto)  <  flags given on the command line
 
 Recipes are YAML files in the repository's ``recipes/`` folder, shipped inside the package as
-``eagle3cli.recipes`` (which is why this module is not called ``recipes.py``). ``auto`` picks the recipe of the target's ``model_type`` family.
+``eagle3cli.recipes`` (which is why this module is not called ``recipes.py``). ``auto`` picks the
+recipe of the target's ``model_type`` family.
 This module imports neither torch nor transformers (the CLI builds its flags from it).
 """
 

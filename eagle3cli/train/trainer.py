@@ -220,8 +220,8 @@ class Trainer:
     # -- the loop --
     def run(self, stop_after: int | None = None) -> TrainResult:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
-        cfg, acc = self.cfg, self.acc
-        ttt = TTTModel(self.draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
+        cfg, acc, draft = self.cfg, self.acc, self.draft
+        ttt = TTTModel(draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
         self.params, optimizer, self.scheduler = optimizer_and_schedule(cfg, ttt, self.total_steps)
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
