@@ -1,6 +1,6 @@
 """Which MLP a mixture-of-experts target should give a `--warm-start layer` draft: its shared
 expert, or its routed experts averaged. Prints the draft's initial TTT loss (no training step)
-on the target's own features, for tiny random MoE targets that have both (tests/families.py),
+on the target's own features, for tiny random MoE targets that have both (tests/helpers/families.py),
 over several seeds, with the layer not warm-started and the layer's attention alone (the MLP
 as initialised) as references.
 
@@ -16,9 +16,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from families import family_model  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from eagle3cli.model import warm_start  # noqa: E402
 from eagle3cli.model.draft import DraftConfig, Eagle3Draft  # noqa: E402
@@ -26,6 +24,7 @@ from eagle3cli.model.layers import default_layer_ids  # noqa: E402
 from eagle3cli.model.target import capture  # noqa: E402
 from eagle3cli.train.setup import TargetHead  # noqa: E402
 from eagle3cli.train.ttt import TTTModel, teacher_from_final  # noqa: E402
+from tests.helpers.families import family_model  # noqa: E402
 
 FAMILIES = ("qwen2_moe", "deepseek_v3", "llama4_text")
 

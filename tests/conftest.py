@@ -1,11 +1,8 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -13,7 +10,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Tiny models gain nothing from threads; on a shared 2-core box a second thread costs ~70x.
 torch.set_num_threads(1)
 
-from tiny import SMOLLM2_TOKENIZER, save_tiny  # noqa: E402
+from tests.helpers.tiny import SMOLLM2_TOKENIZER, save_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ dimension):
       -> [gate|up] one matmul -> act(gate) * up -> down -> residual
 
 ``Eagle3Draft.step`` stays the reference: training uses it, and tests hold this step to it
-(tests/test_generator.py).
+(tests/decode/test_generator.py).
 """
 
 from __future__ import annotations

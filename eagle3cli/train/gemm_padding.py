@@ -14,7 +14,7 @@ grow (378 MB). Under bf16 autocast on a CPU the unroll therefore pads:
 
 Padded positions lie right of every real position of a row (causal attention never reads them)
 or in rows of their own; they carry no loss mask and their loss rows weigh zero, so losses,
-gradients and metrics are those of the unpadded batch (tests/test_gemm_padding.py). The teacher
+gradients and metrics are those of the unpadded batch (tests/train/test_gemm_padding.py). The teacher
 is computed outside autocast, in fp32, so its rows need no padding. 64 rather than 256: on
 1,024-token micro-batches of a GSM8K store 256 pads about 31% more tokens, 64 about 10% (3% more
 FLOPs), and a training run's resident memory stays flat either way (docs/benchmarks.md, "Memory").

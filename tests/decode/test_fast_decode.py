@@ -1,0 +1,68 @@
+"""The fast path's one-row decoding step: its attention (two batched matmuls, not SDPA) gives what
+the SDPA path gives, greedy decoding stays HF's, and low precision never takes it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3cli.decode.fast_target import FastTarget
+from eagle3cli.decode.generator import greedy_generate
+from tests.helpers.tiny import tiny_model
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "granite"]
+NO_EOS = [-1]
+
+
+def _decode_logits(fast: FastTarget, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Prefill ``ids`` and decode ``steps`` tokens one at a time (greedy); the stacked step logits."""
+    n = ids.numel()
+    logits, _ = fast.forward(ids, torch.arange(n), 0, logits="last")
+    out = []
+    for i in range(steps):
+        t = logits[-1].argmax().view(1)
+        logits, _ = fast.forward(t, torch.tensor([n + i]), n + i)
+        out.append(logits)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_row_attention_equals_sdpa(arch, monkeypatch):
+    target = tiny_model(arch)
+    ids = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(3))
+    calls = []
+    real = FastTarget._attend_one
+    monkeypatch.setattr(FastTarget, "_attend_one", lambda self, *a: calls.append(a[1]) or real(self, *a))
+    fast = FastTarget(target, 64)
+    lean = _decode_logits(fast, ids, 12)
+    # every layer of every step took it, but where sliding windows mask the keys (tiny Mistral's)
+    expected = 0 if fast.layout.windowed else 12 * target.config.num_hidden_layers
+    assert len(calls) == expected
+    monkeypatch.setattr(FastTarget, "ONE_ROW_ATTENTION", False)
+    sdpa = _decode_logits(FastTarget(target, 64), ids, 12)
+    assert len(calls) == expected  # and the reference did not
+    torch.testing.assert_close(lean, sdpa, atol=1e-5, rtol=1e-5)
+    assert torch.equal(lean.argmax(-1), sdpa.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_row_decoding_is_hf_greedy(arch):
+    target = tiny_model(arch)
+    fast = FastTarget(target, 128, packed_rows=("onednn",))
+    for seed in range(3):
+        ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(seed))
+        assert greedy_generate(target, ids, 40, eos_token_id=NO_EOS, fast=fast) == \
+            greedy_generate(target, ids, 40, eos_token_id=NO_EOS)
+
+
+def test_low_precision_and_masked_rows_keep_sdpa(monkeypatch):
+    """bf16 weights (float64 attention, where a verification must be bitwise one-token decoding)
+    and a masked row never take the one-row attention."""
+    target = tiny_model("llama").to(torch.bfloat16)
+    monkeypatch.setattr(FastTarget, "_attend_one", lambda *a: pytest.fail("one-row attention under bf16"))
+    fast = FastTarget(target, 64)
+    assert fast.low_precision
+    _decode_logits(fast, torch.arange(5), 3)
+    fp32 = FastTarget(tiny_model("llama"), 64)
+    fp32.forward(torch.arange(5), torch.arange(5), 0)
+    fp32.forward(torch.tensor([7]), torch.tensor([5]), 5, mask=torch.ones(1, 6, dtype=torch.bool))

@@ -1,0 +1,113 @@
+"""Random and oracle drafters, prompts and exact marginals for the speculative generator tests."""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3cli.decode.generator import target_probs
+from eagle3cli.decode.tree import build_greedy_tree
+from eagle3cli.model.draft import DraftConfig, Eagle3Draft
+from eagle3cli.model.layers import default_layer_ids
+
+NO_EOS = [-1]  # random tiny models may emit the config's EOS; tests want fixed lengths
+
+
+def random_draft(target, seed=0, keep_every=2):
+    cfg = DraftConfig.from_target(target.config, target.config.vocab_size // keep_every,
+                                  default_layer_ids(target.config.num_hidden_layers))
+    d = Eagle3Draft(cfg, embed_weight=target.get_input_embeddings().weight)
+    d.init_weights(seed=seed)
+    d.set_vocab(torch.arange(0, target.config.vocab_size, keep_every))
+    return d.eval()
+
+
+class Oracle:
+    """A drafter that proposes from the target itself: q = softmax(sharpen * logits + noise)."""
+
+    def __init__(self, target, sharpen=1.0, noise=0.0, seed=0):
+        self.target, self.sharpen = target, sharpen
+        g = torch.Generator().manual_seed(seed)
+        self.noise = noise * torch.randn(target.config.vocab_size, generator=g)
+        self.memo = {}  # contexts repeat a lot across seeds in the sampling tests
+
+    def _logq(self, seqs):
+        rows = []
+        for s in seqs:
+            key = tuple(s)
+            if key not in self.memo:
+                logits = self.target(input_ids=torch.tensor([s])).logits[0, -1]
+                self.memo[key] = torch.log_softmax(self.sharpen * logits + self.noise, -1)
+            rows.append(self.memo[key])
+        return torch.stack(rows)
+
+    def begin(self, input_ids):
+        self.seq = input_ids[0, :1].tolist()
+
+    def observe(self, next_tokens, hidden_states):
+        self.seq += next_tokens.tolist()
+        return self._logq([self.seq])[0]
+
+    def expand(self, tree, nodes):
+        seqs = []
+        for i in nodes:
+            path = []
+            while i > 0:
+                path.append(tree.tokens[i])
+                i = tree.parents[i]
+            seqs.append(self.seq + path[::-1])
+        return self._logq(seqs)
+
+    def rollback(self):
+        pass
+
+
+def prompt(seed, n=12, vocab=256):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def option_draft(target, options, seed=0):
+    cfg = DraftConfig.from_target(target.config, target.config.vocab_size // 2,
+                                  default_layer_ids(target.config.num_hidden_layers), **options)
+    d = Eagle3Draft(cfg, embed_weight=target.get_input_embeddings().weight)
+    d.init_weights(seed=seed)
+    with torch.no_grad():  # norms away from 1, so a norm applied twice or skipped shows
+        for name, p in d.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    d.set_vocab(torch.arange(0, target.config.vocab_size, 2))
+    return d.eval()
+
+
+def draft_trees(drafter, target, seeds=(0, 1, 2), total=16, depth=4, top_k=4):
+    """Greedy trees drafted below three prompts, each after a second observe (a cache with history)."""
+    trees = []
+    for seed in seeds:
+        ids = prompt(seed, n=11)
+        out = target(input_ids=ids, output_hidden_states=True)
+        root = int(out.logits[0, -1].argmax())
+        drafter.begin(ids)
+        logq = drafter.observe(torch.cat([ids[0, 1:7], torch.tensor([int(ids[0, 7])])]),
+                               [h[:, :7] for h in out.hidden_states])
+        build_greedy_tree(drafter, int(ids[0, 7]), logq, total, depth, top_k)  # drafted, then rolled back
+        logq = drafter.observe(torch.cat([ids[0, 8:], torch.tensor([root])]), [h[:, 7:] for h in out.hidden_states])
+        trees.append(build_greedy_tree(drafter, root, logq, total, depth, top_k))
+    return trees
+
+
+def exact_marginals(target, ids, temperature):
+    """Exact distributions of generated tokens 2 and 3 (enumerating tokens 1 and 2)."""
+    V = target.config.vocab_size
+
+    def p(seq):
+        return target_probs(target(input_ids=torch.tensor([seq])).logits[0, -1], temperature)
+
+    base = ids[0].tolist()
+    p1 = p(base)
+    p2 = torch.zeros(V)
+    p3 = torch.zeros(V)
+    for a in range(V):
+        pa = p(base + [a])
+        p2 += p1[a] * pa
+        for b in range(V):
+            p3 += p1[a] * pa[b] * p(base + [a, b])
+    return p2, p3
