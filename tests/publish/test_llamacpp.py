@@ -373,8 +373,12 @@ def test_missing_converter_module_names_the_extra(engine_case, fake_bin, tmp_pat
     (src / "convert_hf_to_gguf.py").write_text("raise SystemExit('not run in this test')\n")
     (src / "llama-server").symlink_to(fake_bin / "llama-server")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    present = {mod for mod, _ in llamacpp.CONVERTER_MODULES} - {"sentencepiece"}  # whatever this venv has
+
+    def find_spec(name, *a):
+        return None if name == "sentencepiece" else (object() if name in present else real(name, *a))
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     loads = []
     monkeypatch.setattr("eagle3cli.model.target.load_target", lambda *a, **k: loads.append(a))
     r = runner.invoke(app, ["eval", "--model", str(target), "--draft", str(draft), "--engine", "llama.cpp",
