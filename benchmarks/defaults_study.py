@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from peer_trainers import sh  # noqa: E402  (one thread a run, logged; the same runner as the peer benchmark)
+
 SHARED = HERE.parents[1] / "shared" / "data" / "eval"
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")
 
@@ -76,20 +77,6 @@ def configs(args) -> dict[str, tuple[str, ...]]:
                 out[name] = (*ARCH[arch], "--lr", lr, *DEFAULT_REST)
         out = {k: v for k, v in out.items() if k in wanted}
     return out
-
-
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1",
-            "PYTHONPATH": str(HERE.parent)}
-
-
-def sh(cmd: list[str], log: Path) -> None:
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env()).returncode
-    if rc:
-        raise RuntimeError(f"failed ({rc}): {' '.join(cmd)}; see {log}")
 
 
 def slug(name: str) -> str:
