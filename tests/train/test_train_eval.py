@@ -16,17 +16,7 @@ from eagle3cli.train.batching import split_indices
 from eagle3cli.train.checkpoints import checkpoint_dirs
 from eagle3cli.train.optim import MuonAdamW
 from eagle3cli.train.trainer import train
-from tests.helpers.trainer import build_store, config, peaky_target, weights
-
-
-@pytest.fixture(scope="module")
-def target_dir(smol_tiny_dir, tmp_path_factory):
-    return peaky_target(tmp_path_factory.mktemp("target"), smol_tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, target_dir):
-    return build_store(tmp_path_factory.mktemp("store"), target_dir)
+from tests.helpers.trainer import build_store, config, store, target_dir, weights  # noqa: F401  (module fixtures)
 
 
 @pytest.fixture(scope="module")
