@@ -85,10 +85,10 @@ def slug(name: str) -> str:
 
 def one_run(name: str, flags: tuple[str, ...], seed: int, args, work: Path) -> dict:
     out = work / f"{slug(name)}_s{seed}_{args.steps}"
-    res_file = out.with_suffix(".json")
+    res_file = out.parent / f"{out.name}.json"  # not with_suffix: names like "floor 0.1" hold dots
     if res_file.exists():
         return json.loads(res_file.read_text())
-    log = out.with_suffix(".log")
+    log = out.parent / f"{out.name}.log"
     if not (out / "model.safetensors").exists():
         sh([EAGLE3, "train", "--store", args.store, "--model", args.model, "--out", str(out), "--recipe", "none",
             "--device", "cpu", "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size", str(args.draft_vocab),
@@ -98,7 +98,7 @@ def one_run(name: str, flags: tuple[str, ...], seed: int, args, work: Path) -> d
     recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     acc = [r["val"]["acc"] for r in recs if "val" in r][-1]
     lrs = [r["lr"] for r in recs if "lr" in r]
-    tau_file = out.with_suffix(".tau.json")
+    tau_file = out.parent / f"{out.name}.tau.json"
     sh([sys.executable, str(HERE / "chain_tau.py"), "--model", args.model, "--draft", str(out), "--prompts",
         args.prompts, "--limit", str(args.num_prompts), "--max-turns", str(args.max_turns), "--steps", "3",
         "--max-new-tokens", str(args.new_tokens), "--json-out", str(tau_file)], log)

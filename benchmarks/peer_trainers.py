@@ -461,6 +461,7 @@ def main():
     ap.add_argument("--ablate-lr", type=float, default=1e-4)
     ap.add_argument("--ablate-only", help="';'-separated ablation labels to run (default: all)")
     ap.add_argument("--skip-train", action="store_true", help="score the drafts already in --work")
+    ap.add_argument("--only", help="comma-separated run names to run (e.g. speculators_default,specforge_lr0.001)")
     # the peers' side
     ap.add_argument("--worker", choices=["speculators", "specforge"], help=argparse.SUPPRESS)
     ap.add_argument("--split", help=argparse.SUPPRESS)
@@ -487,6 +488,8 @@ def main():
 
     ours_lr = TrainConfig().lr
     for tool, name, lr, precision in runs(args):
+        if args.only and name not in args.only.split(","):
+            continue
         res_file = work / f"{name}.json"
         if args.skip_train and res_file.exists():
             res = json.loads(res_file.read_text())
