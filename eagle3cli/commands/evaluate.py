@@ -19,10 +19,13 @@ def evaluate(**flags):
 
     server_bin = None
     if opts.engine == "llama.cpp":
+        from ..evaluate.eval_config import EngineGrid
         from ..evaluate.llamacpp import check_conversion, find_binary
 
         server_bin = find_binary(llama_cpp=opts.llama_cpp)  # before any model is loaded
-        check_conversion(opts.model, opts.target_gguf, opts.draft_gguf, opts.llama_cpp)
+        grid = EngineGrid.from_options(opts)  # types asked for are converted even beside a given file
+        check_conversion(opts.model, None if grid.target_types else opts.target_gguf,
+                         None if grid.draft_types else opts.draft_gguf, opts.llama_cpp)
     spec = TargetSpec.of(opts)
     if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
         from ..evaluate.vllm_eval import check_python, check_target
@@ -94,21 +97,23 @@ def _with_progress(n_prompts: int, run):
 
 
 def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
-    """The draft in llama-server (eagle3cli/evaluate/llamacpp.py): the results' ``engine`` section."""
+    """The draft in llama-server, in every setting of the grid (eagle3cli/evaluate/llamacpp_sweep.py):
+    the results' ``engine`` section."""
     import signal
     import sys
 
-    from ..evaluate.llamacpp import engine_files, run
+    from ..evaluate.eval_config import EngineGrid
+    from ..evaluate.llamacpp_sweep import grid_files, sweep
     from ..evaluate.tasks import load_task
     from ..model.target import load_tokenizer
 
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
     loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]
-    tg, dg = engine_files(opts.draft, spec.model, Path(opts.out) / "gguf", opts.target_gguf, opts.draft_gguf,
-                          opts.llama_cpp, log=say)
-    return run(loaded, load_tokenizer(spec), server_bin, tg, dg, n_max=opts.steps, p_min=opts.engine_p_min,
-               max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say)
+    grid = EngineGrid.from_options(opts)
+    targets, drafts = grid_files(grid, opts.draft, spec.model, Path(opts.out) / "gguf", opts.llama_cpp, log=say)
+    return sweep(loaded, load_tokenizer(spec), server_bin, targets, drafts, grid.n_max, grid.p_min,
+                 max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say)
 
 
 def _run_vllm(opts: EvalOptions, spec) -> dict:
@@ -154,7 +159,7 @@ def show(results: dict):
         if results["engine"].get("name") == "vLLM":
             from ..evaluate.vllm_eval import engine_table
         else:
-            from ..evaluate.llamacpp import engine_table
+            from ..evaluate.llamacpp_sweep import engine_table
         out.print(engine_table(results["engine"]))
     if not results["tasks"]:
         return

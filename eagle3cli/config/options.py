@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, List, Literal
 
 from ..core.errors import OptionError, check_out_dir
 
@@ -82,8 +82,9 @@ def check_choices(opts, error: type[Exception] = OptionError) -> None:
     for f in dataclasses.fields(opts):
         choices = f.metadata.get("choices")
         value = getattr(opts, f.name)
-        if choices and value is not None and value not in choices:
-            raise error(f"{flag_of(type(opts), f.name)} must be one of {', '.join(choices)}, got {value!r}")
+        for v in value if isinstance(value, (list, tuple)) else [value]:  # a repeatable choice: each value
+            if choices and v is not None and v not in choices:
+                raise error(f"{flag_of(type(opts), f.name)} must be one of {', '.join(choices)}, got {v!r}")
 
 
 def internal(default: Any) -> Any:
@@ -344,12 +345,29 @@ class EvalOptions(TargetOptions):
     engine_only: bool = option(False, "With --engine llama.cpp|vllm: skip our generator.")
     llama_cpp: Path | None = option(None, "Where llama-server is (or a llama.cpp tree with build/bin); default: "
                                           "$EAGLE3_LLAMA_CPP, then PATH.", metavar="DIR")
-    target_gguf: Path | None = option(None, "The target as GGUF (default: converted from --model into OUT/gguf).",
+    target_gguf: Path | None = option(None, "The target as GGUF (default: converted from --model once, kept in the "
+                                            "eagle3 cache); with --engine-target-type, one more target.",
                                       metavar="FILE")
-    draft_gguf: Path | None = option(None, "The draft as GGUF (default: exported into OUT/gguf).", metavar="FILE")
+    draft_gguf: Path | None = option(None, "The draft as GGUF (default: exported into OUT/gguf); with "
+                                           "--engine-draft-type, one more draft.", metavar="FILE")
     engine_threads: int | None = option(None, "llama.cpp -t, vLLM's OMP_NUM_THREADS (default: their own).")
-    engine_p_min: float = option(0.0, "llama.cpp --spec-draft-p-min (0: always draft --chain-length tokens, as chain "
-                                      "mode).")
+    # --engine llama.cpp measures every combination of these (evaluate/llamacpp_sweep.py); one value
+    # each, the default, is one setting.
+    engine_target_types: list[str] = option([], "--engine llama.cpp: a target type to measure, converted from "
+                                                "--model by llama.cpp's converter; repeat to sweep (default: "
+                                                "f32, or --target-gguf alone, which is measured beside these).",
+                                            flag="engine_target_type", choices=GGUF_TYPES, cli_type=List[GGUFType],
+                                            parse=lambda ts: [GGUFType(t).value for t in ts])
+    engine_draft_types: list[str] = option([], "--engine llama.cpp: a draft type to measure (eagle3 export-gguf "
+                                               "--outtype); repeat to sweep (default: f32, or --draft-gguf alone, "
+                                               "which is measured beside these).",
+                                           flag="engine_draft_type", choices=GGUF_TYPES, cli_type=List[GGUFType],
+                                           parse=lambda ts: [GGUFType(t).value for t in ts])
+    engine_chain_length: list[int] = option([], "--engine llama.cpp: the chain it drafts at most (llama.cpp "
+                                                "--spec-draft-n-max); repeat to sweep (default: --chain-length).",
+                                            cli_type=List[int])
+    engine_p_min: list[float] = option([0.0], "llama.cpp --spec-draft-p-min (0: always draft --spec-draft-n-max "
+                                              "tokens, as chain mode); repeat to sweep.", cli_type=List[float])
     # --engine vllm (eagle3cli/evaluate/vllm_eval.py): the interpreter of the environment that has vLLM.
     vllm_python: str | None = option(None, "--engine vllm: the python of the environment with vLLM (default: "
                                            "this one).", envvar="EAGLE3_VLLM_PYTHON")
@@ -377,6 +395,19 @@ class EvalOptions(TargetOptions):
             raise OptionError("--engine-only needs --engine llama.cpp or vllm")
         if self.engine != "eagle3" and self.temperature != 0:
             raise OptionError(f"--engine {self.engine} measures greedy decoding: drop --temperature")
+        if isinstance(self.engine_p_min, (int, float)):  # a library caller's one value, as before the sweep
+            self.engine_p_min = [float(self.engine_p_min)]
+        swept = [flag_of(EvalOptions, name) for name in ("engine_target_types", "engine_draft_types",
+                                                         "engine_chain_length") if getattr(self, name)]
+        swept += ["--engine-p-min"] if list(self.engine_p_min) != [0.0] else []
+        if swept and self.engine != "llama.cpp":
+            raise OptionError(f"{', '.join(swept)} set llama-server's runs: add --engine llama.cpp")
+        bad = [n for n in self.engine_chain_length if n < 1]
+        if bad:
+            raise OptionError(f"--engine-chain-length must be at least 1, got {bad[0]}")
+        bad = [p for p in self.engine_p_min if not 0 <= p <= 1]  # NaN fails the test too
+        if bad:
+            raise OptionError(f"--engine-p-min must lie in [0, 1] (a probability), got {bad[0]}")
 
     def tree_shape(self) -> tuple[bool, int, int, int]:
         """(auto, total_tokens, depth, top_k) of --tree, defaulting by where the target runs."""

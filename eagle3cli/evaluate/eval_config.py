@@ -52,3 +52,43 @@ class EvalConfig:
                    draft_weights=opts.draft_weights, max_minutes=opts.max_minutes, llama_cpp=opts.llama_cpp,
                    target_gguf=opts.target_gguf, log_dir=str(opts.out))
 
+
+
+@dataclass(frozen=True)
+class EngineGrid:
+    """The llama.cpp settings ``eval --engine llama.cpp`` measures: every combination of a target
+    type, a draft type, a draft length and a p-min (evaluate/llamacpp_sweep.py). ``target_types`` /
+    ``draft_types`` are converted from --model / exported from --draft; a --target-gguf /
+    --draft-gguf file is one more, and alone unless types are asked for: the default grid is
+    the single setting eval has always measured."""
+
+    target_types: tuple[str, ...] = ("f32",)
+    draft_types: tuple[str, ...] = ("f32",)
+    n_max: tuple[int, ...] = (3,)
+    p_min: tuple[float, ...] = (0.0,)
+    target_gguf: str | None = None
+    draft_gguf: str | None = None
+
+    @classmethod
+    def from_options(cls, opts) -> "EngineGrid":
+        """The grid of ``eagle3 eval``'s flags (``options.EvalOptions``, validated); repeats dropped."""
+        def once(xs):
+            return tuple(dict.fromkeys(xs))
+
+        p_min = opts.engine_p_min if isinstance(opts.engine_p_min, (list, tuple)) else [opts.engine_p_min]
+        tg = str(opts.target_gguf) if opts.target_gguf else None
+        dg = str(opts.draft_gguf) if opts.draft_gguf else None
+        return cls(target_types=once(opts.engine_target_types) or (() if tg else ("f32",)),
+                   draft_types=once(opts.engine_draft_types) or (() if dg else ("f32",)),
+                   n_max=once(opts.engine_chain_length) or (opts.steps,), p_min=once(float(p) for p in p_min) or (0.0,),
+                   target_gguf=tg, draft_gguf=dg)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(targets, drafts, draft lengths, p-mins) measured."""
+        return (len(self.target_types) + (self.target_gguf is not None),
+                len(self.draft_types) + (self.draft_gguf is not None), len(self.n_max), len(self.p_min))
+
+    def size(self) -> int:
+        """How many speculative settings: one llama-server run each, beside one plain run per target."""
+        t, d, n, p = self.counts()
+        return t * d * n * p

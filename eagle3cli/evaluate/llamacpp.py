@@ -1,9 +1,10 @@
 """llama.cpp as an evaluation engine: plain vs EAGLE-3 speculative decoding in ``llama-server``.
 
-``eagle3 eval --engine llama.cpp`` starts ``llama-server`` twice on the same target GGUF, once
-plain and once with the draft GGUF (``-md DRAFT --spec-type draft-eagle3 --spec-draft-n-max K``),
-sends the same prompts as token ids (our tokenizer and chat template, so both engines see the
-same tokens) to ``POST /completion`` greedily, and reads the engine's own counts.
+``eagle3 eval --engine llama.cpp`` starts ``llama-server`` on a target GGUF, once plain and once
+per setting with the draft GGUF (``-md DRAFT --spec-type draft-eagle3 --spec-draft-n-max K``;
+which settings: llamacpp_sweep.py), sends the same prompts as token ids (our tokenizer and chat
+template, so both engines see the same tokens) to ``POST /completion`` greedily, and reads the
+engine's own counts. This module is one server and one pass over the prompts.
 
 What the server reports (llama-cpp-python 0.3.36, vendor/llama.cpp/tools/server/): every
 ``/completion`` answer carries ``tokens`` (with ``return_tokens``) and ``timings`` =
@@ -265,47 +266,7 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: after[k] - before.get(k, 0.0) for k in METRIC_KEYS if k in after}
 
 
-def run(loaded, tokenizer, binary: Path, target_gguf: Path, draft_gguf: Path, *, n_max: int = 3,
-        p_min: float = 0.0, max_new_tokens: int = 512, threads: int | None = None,
-        threads_draft: int | None = None, ctx: int = 4096, warmup_tokens: int = 16, log_dir: Path | None = None,
-        log=print, progress=None) -> dict:
-    """Plain and speculative llama-server on the same prompts; the ``engine`` section of results.json.
-
-    ``loaded``: [(task, [Prompt])] as tasks.load_task returns. Multi-turn prompts are replayed
-    turn by turn with the plain answer as context, so both runs see the same token ids.
-    """
-    log_dir = Path(log_dir) if log_dir else None
-    if log_dir:
-        log_dir.mkdir(parents=True, exist_ok=True)
-
-    def server(draft):
-        name = "llama-server-spec.log" if draft else "llama-server-plain.log"
-        return Server(binary, target_gguf, draft=draft, n_max=n_max, p_min=p_min, threads=threads,
-                      threads_draft=threads_draft, ctx=ctx, log_path=log_dir / name if log_dir else None)
-
-    log(f"llama.cpp: plain decoding ({binary})")
-    with server(None) as s:
-        plain, replay = _plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progress)
-    log(f"llama.cpp: speculative decoding, draft {draft_gguf}, chain of {n_max}, p-min {p_min}")
-    with server(draft_gguf) as s:
-        spec, mismatches, per_task_metrics, total_metrics = _spec_pass(s, loaded, replay, max_new_tokens,
-                                                                       warmup_tokens, log, progress)
-    return {
-        "name": "llama.cpp",
-        "binary": str(binary),
-        "version": version(binary),
-        "target_gguf": str(target_gguf),
-        "draft_gguf": str(draft_gguf),
-        "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": n_max, "spec_draft_p_min": p_min,
-                     "threads": threads, "threads_draft": threads_draft, "temperature": 0.0,
-                     "max_new_tokens": max_new_tokens},
-        "metrics": total_metrics,
-        "tasks": {task: _task_summary(len(prompts), plain[task], spec[task], per_task_metrics.get(task) or {},
-                                      mismatches[task]) for task, prompts in loaded},
-    }
-
-
-def _plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progress):
+def plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progress):
     """Every turn decoded plainly by server ``s``: ({task: Tally}, the replay whose contexts both runs see)."""
     plain = {task: Tally() for task, _ in loaded}
 
@@ -322,7 +283,7 @@ def _plain_pass(s, loaded, tokenizer, max_new_tokens, warmup_tokens, log, progre
     return plain, replay
 
 
-def _spec_pass(s, loaded, replay, max_new_tokens, warmup_tokens, log, progress):
+def spec_pass(s, loaded, replay, max_new_tokens, warmup_tokens, log, progress):
     """The replay's contexts decoded speculatively by server ``s``: ({task: Tally}, {task: [prompt ids
     that differ from plain]}, {task: server metrics}, the whole run's server metrics)."""
     spec = {task: Tally() for task, _ in loaded}
@@ -346,7 +307,7 @@ def _spec_pass(s, loaded, replay, max_new_tokens, warmup_tokens, log, progress):
     return spec, mismatches, per_task_metrics, _delta(s.metrics(), before)
 
 
-def _task_summary(num_prompts: int, b: Tally, sp: Tally, m: dict, mismatches: list[str]) -> dict:
+def task_summary(num_prompts: int, b: Tally, sp: Tally, m: dict, mismatches: list[str]) -> dict:
     """One task's row of the engine section: tau (from the answers, and from the server's metrics),
     acceptance, tokens/s of both runs and the lossless verdict."""
     drafts = m.get("spec_decode_num_drafts_total")

@@ -12,6 +12,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from ..config.options import GGUF_TYPES
 from ..engines import engine_support
 from .export import METADATA_KEY, options_from_json
 
@@ -34,37 +35,73 @@ def vllm_command(target: str, draft: str) -> str:
     return f"vllm serve {target} --speculative-config '{spec}'"
 
 
+def _llamacpp_candidates(res) -> list[dict]:
+    """The lossless llama.cpp settings of one results.json: a sweep's best (``engine.sweep``,
+    ``engine.best``), or the one setting of an older file, lossless on every task."""
+    eng = (res.get("engine") or {}) if isinstance(res, dict) else {}
+    if eng.get("name") != "llama.cpp":
+        return []
+    base = {"hardware": res.get("hardware"), "settings": eng.get("settings") or {}}
+    sweep, best = eng.get("sweep"), eng.get("best")
+    if isinstance(sweep, list) and sweep:
+        if not isinstance(best, int) or not 0 <= best < len(sweep) or not sweep[best].get("speedup"):
+            return []
+        r = sweep[best]
+        return [{**base, "speedup": r["speedup"], "tokens_per_s": (r.get("tokens_per_s") or {}).get("speculative"),
+                 "draft": Path(r["draft_gguf"]).name, "target_type": r.get("target_type"),
+                 "draft_type": r.get("draft_type"), "tau": r.get("tau"), "settings_measured": len(sweep),
+                 "settings": {**base["settings"], "spec_draft_n_max": r["spec_draft_n_max"],
+                              "spec_draft_p_min": r["spec_draft_p_min"]}}]
+    tasks = list((eng.get("tasks") or {}).values())
+    if not tasks or not all(t.get("lossless") and t.get("speedup") for t in tasks):
+        return []
+    tps = [(t.get("tokens_per_s") or {}).get("speculative") for t in tasks]
+    return [{**base, "speedup": sum(t["speedup"] for t in tasks) / len(tasks),
+             "tokens_per_s": sum(tps) / len(tps) if all(tps) else None,
+             "draft": Path(eng["draft_gguf"]).name if eng.get("draft_gguf") else None}]
+
+
 def best_llamacpp(results) -> dict | None:
-    """The fastest lossless llama.cpp setting among eval results (``eval --engine llama.cpp`` runs,
-    one per setting tried): {"settings", "speedup" (mean over its tasks), "draft" (GGUF file name),
-    "hardware"}; None where no run was lossless on every task."""
-    best = None
-    for res in results:
-        eng = (res.get("engine") or {}) if isinstance(res, dict) else {}
-        tasks = list((eng.get("tasks") or {}).values())
-        if eng.get("name") != "llama.cpp" or not tasks or not all(t.get("lossless") and t.get("speedup")
-                                                                  for t in tasks):
-            continue
-        speedup = sum(t["speedup"] for t in tasks) / len(tasks)
-        if best is None or speedup > best["speedup"]:
-            best = {"settings": eng.get("settings") or {}, "speedup": speedup, "hardware": res.get("hardware"),
-                    "draft": Path(eng["draft_gguf"]).name if eng.get("draft_gguf") else None}
-    return best
+    """The fastest lossless llama.cpp setting among eval results (``eval --engine llama.cpp`` runs:
+    a sweep's best, or one setting each in older files): {"settings", "speedup" (against plain
+    llama-server on the same target; an older file's: mean over its tasks), "tokens_per_s",
+    "draft" (GGUF file name), "hardware"}, and from a sweep "target_type", "draft_type", "tau",
+    "settings_measured". Fastest is speculative tokens/s (else the speedup); None where no run was
+    lossless."""
+    cands = [c for res in results for c in _llamacpp_candidates(res)]
+    return max(cands, key=lambda c: (c["tokens_per_s"] or 0.0, c["speedup"])) if cands else None
 
 
 def llamacpp_command(repo: str, gguf_files=(), best: dict | None = None) -> str:
     """llama-server with the draft as a GGUF (the repo's draft-TYPE.gguf, or one made by eagle3 export-gguf),
-    with the settings of ``best`` (``best_llamacpp``) where eval measured some, and what they gave."""
+    with the settings of ``best`` (``best_llamacpp``) where eval measured some (its target type too),
+    and what they gave."""
     files = sorted(gguf_files)
-    name = best["draft"] if best and best["draft"] in files else files[0] if files else "draft-f32.gguf"
+    best = best or {}
+    measured = best.get("draft") or (f"draft-{best['draft_type']}.gguf" if best.get("draft_type") else None)
+    outtype = best.get("draft_type") if best.get("draft_type") in GGUF_TYPES else "f32"  # what export-gguf writes
+    name = measured if measured in files else files[0] if files else f"draft-{outtype}.gguf"
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
            f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR "
-           "--llama-cpp LLAMA_CPP_DIR -o .\n")
-    s = (best or {}).get("settings") or {}
+           "--llama-cpp LLAMA_CPP_DIR" + (f" --outtype {outtype}" if outtype != "f32" else "") + " -o .\n")
+    s = best.get("settings") or {}
     p_min = s.get("spec_draft_p_min") or 0
-    cmd = (get + f"llama-server -m TARGET.gguf -md {name} --spec-type draft-eagle3 --spec-draft-n-max "
+    target = f"TARGET-{best['target_type']}.gguf" if best.get("target_type") else "TARGET.gguf"
+    cmd = (get + f"llama-server -m {target} -md {name} --spec-type draft-eagle3 --spec-draft-n-max "
            f"{s.get('spec_draft_n_max') or 3}" + (f" --spec-draft-p-min {p_min:g}" if p_min else ""))
-    if best:
+    if best and best.get("target_type"):
+        n = best.get("settings_measured", 1)
+        cmd += (f"\n# {f'the fastest lossless of the {n} settings' if n > 1 else 'the setting'} eagle3 eval --engine "
+                f"llama.cpp measured: target {best['target_type']}, draft {best.get('draft_type')}, "
+                + (f"{best['tokens_per_s']:.1f} tokens/s, " if best.get("tokens_per_s") else "")
+                + f"{best['speedup']:.2f}x plain llama-server on the same target"
+                + (f", tau {best['tau']:.2f}" if best.get("tau") else "")
+                + (f" ({best['hardware']})" if best.get("hardware") else ""))
+        if best["speedup"] < 1:
+            cmd += "\n# slower than the target alone there: serve it without the draft on such a machine"
+        if measured and measured != name:
+            cmd += f"\n# measured with {measured}, which this repo does not hold"
+    elif best:
         cmd += (f"\n# the fastest lossless setting eagle3 eval --engine llama.cpp measured: {best['speedup']:.2f}x "
                 f"plain llama-server" + (f" ({best['hardware']})" if best.get("hardware") else ""))
     return cmd

@@ -6,6 +6,10 @@ Every answer is ANSWER_LEN tokens. Plain: 20 ms a token. With ``-md``: 10 ms a t
 answer took STEPS target steps that accepted ACCEPTED drafts of ``--spec-draft-n-max`` each.
 It appends its argv to $FAKE_LLAMA_ARGS (one JSON line per start); FAKE_LLAMA_DIFFER=1 makes the
 speculative answers differ from the plain ones; FAKE_LLAMA_SPEED=X divides every reported time by X.
+Per server, matched against its argv joined by spaces (a settings sweep starts many): FAKE_LLAMA_FASTER,
+a JSON object {substring: X}, divides the times by every X whose substring is in it;
+FAKE_LLAMA_ACCEPT, {substring: N}, accepts N drafts an answer (the first match); FAKE_LLAMA_DIFFER_IF,
+a JSON list of substrings, makes the speculative answers differ where all of them are in it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ def main():
             print(f"error: failed to load model '{path}'", flush=True)
             sys.exit(1)
     spec = args.md is not None
+    argv = " ".join(sys.argv[1:])
+    speed = float(os.environ.get("FAKE_LLAMA_SPEED", "1"))
+    for key, x in json.loads(os.environ.get("FAKE_LLAMA_FASTER", "{}")).items():
+        speed *= x if key in argv else 1
+    accepted = next((n for key, n in json.loads(os.environ.get("FAKE_LLAMA_ACCEPT", "{}")).items() if key in argv),
+                    ACCEPTED)
+    steps = ANSWER_LEN - 1 - accepted
+    differ_if = json.loads(os.environ.get("FAKE_LLAMA_DIFFER_IF", "null"))
+    differ = bool(os.environ.get("FAKE_LLAMA_DIFFER")) or bool(differ_if and all(k in argv for k in differ_if))
     counters = {"spec_decode_num_drafts_total": 0, "spec_decode_num_draft_tokens_total": 0,
                 "spec_decode_num_accepted_tokens_total": 0}
 
@@ -69,18 +82,17 @@ def main():
             assert all(isinstance(t, int) for t in prompt), "prompt must be token ids"
             assert req.get("temperature") == 0.0
             n = min(ANSWER_LEN, req["n_predict"])
-            shift = 1 if spec and os.environ.get("FAKE_LLAMA_DIFFER") else 0
+            shift = 1 if spec and differ else 0
             tokens = [(len(prompt) + k + shift) % 97 + 3 for k in range(n)]
-            speed = float(os.environ.get("FAKE_LLAMA_SPEED", "1"))
             timings = {"prompt_n": len(prompt), "prompt_ms": 1.0 * len(prompt) / speed, "predicted_n": n,
                        "predicted_ms": (10.0 if spec else 20.0) * n / speed}
             timings["predicted_per_second"] = 1000.0 * n / timings["predicted_ms"]
             if spec and n == ANSWER_LEN:
                 k = args.spec_draft_n_max
-                timings.update(draft_n=STEPS * k, draft_n_accepted=ACCEPTED)
-                counters["spec_decode_num_drafts_total"] += STEPS
-                counters["spec_decode_num_draft_tokens_total"] += STEPS * k
-                counters["spec_decode_num_accepted_tokens_total"] += ACCEPTED
+                timings.update(draft_n=steps * k, draft_n_accepted=accepted)
+                counters["spec_decode_num_drafts_total"] += steps
+                counters["spec_decode_num_draft_tokens_total"] += steps * k
+                counters["spec_decode_num_accepted_tokens_total"] += accepted
             self._send(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
                              "tokens_predicted": n, "stop": True, "timings": timings})
 
