@@ -7,9 +7,14 @@ one token although the weights are read once either way (docs/benchmarks.md). Th
 runs the same model with the same weights and the same formulas (HF's own RoPE tables and
 ``apply_rotary_pos_emb``'s products, RMSNorm in fp32 as HF computes it), and per layer only
 
-    x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope -> write k, v into the static
-      cache at their slots -> SDPA over the cache prefix (tree mask) -> o_proj -> residual
-      -> rmsnorm -> [gate|up] one matmul -> silu(gate) * up -> down -> residual
+    x -> rmsnorm -> [q|k|v] one matmul -> (q/k norm) -> rope, in place -> k, v into the static
+      cache at their slots in one copy -> SDPA over the cache prefix (tree mask; one row: two
+      batched matmuls, on one thread) -> o_proj -> residual -> rmsnorm -> [gate|up] one matmul
+      -> silu(gate) * up -> down -> residual
+
+in about 32 tensor ops a layer: every op costs a few microseconds to dispatch whatever its size,
+as much as a decoding step's small ones compute (tests/decode/test_fast_step_ops.py holds the
+step bitwise to the plainer formulas it replaced).
 
 Gemma 3 takes the same steps with its own pieces: embeddings times sqrt(hidden), (1 + w) norms
 that also follow each sublayer, gelu-tanh, query_pre_attn_scalar, a RoPE table per layer kind,
@@ -117,6 +122,7 @@ class Linear:
         """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
         the weight itself is kept as it is. Keys this CPU cannot pack are skipped."""
         self.packed = {}
+        self.serving = {}  # row count -> the key serving it (``packed_for``), found once per count
         for m in rows:
             if not self.can_pack(self.weight, m):
                 continue
@@ -128,7 +134,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        key = self.packed_for(m)
+        key = self.serving.get(m, False)
+        if key is False:
+            key = self.serving[m] = self.packed_for(m)
         if key is None:
             return F.linear(x, self.weight, self.bias)
         if key == ONEDNN:
@@ -150,9 +158,14 @@ def serving_key(keys: tuple, m: int) -> int | str | None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's LlamaRMSNorm: normalise in fp32, scale in the weight's dtype (fp32 input: the same ops
-    without the two conversions that return their input: a decoding step runs 61 norms)."""
+    """HF's LlamaRMSNorm over the last dim: normalise in fp32, scale in the weight's dtype. fp32
+    input: torch's own ``rms_norm``, on a CPU that very formula's aten ops (pow, mean, + eps, rsqrt,
+    x * r, * weight) issued from C++ rather than one Python call each (a decoding step runs 61
+    norms); a weight per row of a [.., rows, dim] input (the draft's two input norms) takes them
+    from Python."""
     if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return torch.rms_norm(x, weight.shape, weight, eps)
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -328,27 +341,32 @@ class FastTarget:
         self.max_len = max_len  # the most positions it may hold; the cache grows to it as needed
         # RoPE tables once for every position (small), so a row's tables never change as the cache grows
         self.rope_tables = d.rope(max_len)  # {layer kind (None: every layer): (cos, sin)}
-        # HF's rotate_half(x) * sin as roll(x, hd/2) * (sin with its first half negated): the same
-        # products (a negation is exact), so q and k of a layer rotate together in three ops
+        # HF's rotate_half(x) * sin as x with its halves swapped times sin with its first half negated:
+        # the same products (a negation is exact), so q and k of a layer rotate together in place
         half = self.head_dim // 2
-        self.rope_signed = {kind: (cos, torch.cat([-sin[:, :half], sin[:, half:]], -1))
-                            for kind, (cos, sin) in self.rope_tables.items()}
+        self.rope_signed = {kind: (cos.view(-1, 2, half),
+                                   torch.cat([-sin[:, :half], sin[:, half:]], -1).view(-1, 2, half))
+                            for kind, (cos, sin) in self.rope_tables.items()}  # [positions, 2, hd / 2]
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
         self.layout = layout(d.base.config)
-        self.k = self.v = None
+        self.kv = None
         self._allocate(min(max_len, self.INITIAL_LEN))
 
     INITIAL_LEN = 1024  # positions allocated at first: an 8,192-position float64 cache of SmolLM2 is 755 MB
 
     def _allocate(self, length: int):
-        """(Re)allocate the KV cache for ``length`` positions, keeping what is cached."""
-        shape = (len(self.layers), self.n_kv, length, self.head_dim)
-        k = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
-        v = torch.zeros_like(k)
-        if self.k is not None:
-            k[:, :, :self.k.shape[2]], v[:, :, :self.v.shape[2]] = self.k, self.v
-        self.k, self.v = k, v
+        """(Re)allocate the KV cache for ``length`` positions, keeping what is cached. One tensor
+        [layers, 2 (k, v), kv heads, positions, head_dim], so that a layer's new keys and values,
+        adjacent in its q|k|v output, go into the cache in one copy; ``k`` and ``v`` are its views."""
+        shape = (len(self.layers), 2, self.n_kv, length, self.head_dim)
+        kv = torch.zeros(shape, device=self.embed.device, dtype=self.attn_dtype)
+        if self.kv is not None:
+            kv[:, :, :, :self.kv.shape[3]] = self.kv
+        self.kv, self.k, self.v = kv, kv[:, 0], kv[:, 1]
+        self.kv_layers = kv.unbind(0)  # per layer [2, kv heads, positions, head_dim]
+        self.kt_layers = kv[:, 0].transpose(2, 3).unbind(0)  # per layer k^T [kv heads, head_dim, positions]
+        self.v_layers = kv[:, 1].unbind(0)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None = None,
@@ -361,10 +379,10 @@ class FastTarget:
         n = ids.shape[0]
         if past + n > self.max_len:
             raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
-        if past + n > self.k.shape[2]:  # grow by doubling: a copy per doubling, not per token
-            self._allocate(min(self.max_len, max(2 * self.k.shape[2], past + n)))
+        if past + n > self.kv.shape[3]:  # grow by doubling: a copy per doubling, not per token
+            self._allocate(min(self.max_len, max(2 * self.kv.shape[3], past + n)))
         x = self.decoder.embed_ids(ids)  # [n, H]
-        rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, hd]
+        rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, 2, hd / 2]
                 for kind, (cos, sin) in self.rope_signed.items()}
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
@@ -374,30 +392,19 @@ class FastTarget:
         masks = self._window_masks(mask, positions, past, n) if self.layout.windowed else None
         hidden = {}
         want = set(hidden_layers)
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        nh, hd = self.n_heads, self.head_dim
         one_row = n == 1 and attn_mask is None and masks is None and self.attn_dtype == torch.float32 \
             and self.ONE_ROW_ATTENTION
         for j, layer in enumerate(self.layers):
             if j in want:
                 hidden[j] = x[None]
-            h = layer.rms(x, layer.ln1, layer.eps)
-            qkv = layer.qkv(h)
-            qk = qkv[:, :(nh + nkv) * hd].view(n, nh + nkv, hd)
-            if layer.qk_norms is not None:  # Qwen3, Gemma 3: q and k normalised apart before RoPE
-                qk = torch.cat(layer.qk_norm(qk[:, :nh], qk[:, nh:]), 1)
-            cos, sin = rope[layer.kind if layer.gemma else None]
-            qk = qk * cos + qk.roll(hd // 2, -1) * sin  # HF's apply_rotary_pos_emb, q and k at once
-            self.k[j, :, past:past + n] = qk[:, nh:].transpose(0, 1)
-            self.v[j, :, past:past + n] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd).transpose(0, 1)
+            qkv = layer.qkv(layer.rms(x, layer.ln1, layer.eps))
+            self._rope_and_cache(layer, qkv, rope[layer.kind if layer.gemma else None], j, past)
             if one_row:
-                o = self._attend_one(qk[:, :nh], j, past + 1, layer.scaling)
+                o = self._attend_one(qkv[:, :nh * hd], j, past + 1, layer.scaling)
             else:
-                q = qk[:, :nh].transpose(0, 1)[None]
                 layer_mask = attn_mask if masks is None else masks[self.layout.kinds[j]]
-                o = F.scaled_dot_product_attention(q.to(self.attn_dtype), self.k[j:j + 1, :, :past + n],
-                                                   self.v[j:j + 1, :, :past + n], attn_mask=layer_mask,
-                                                   scale=layer.scaling, enable_gqa=nkv != nh).to(x.dtype)
-                o = o[0].transpose(0, 1).reshape(n, nh * hd)
+                o = self._attend(qkv[:, :nh * hd], j, past + n, layer_mask, layer.scaling)
             x = layer.mlp(layer.attn_out(x, layer.o(o)))
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
@@ -416,13 +423,52 @@ class FastTarget:
     # takes the same kernel.
     ONE_ROW_ATTENTION = True
 
+    def _rope_and_cache(self, layer: Layer, qkv: torch.Tensor, rope: tuple, j: int, past: int):
+        """Rotate q and k of ``qkv`` [n, q|k|v] in place (after Qwen3's and Gemma 3's q/k norms) and
+        copy k and v into layer j's cache at slots past..past+n-1, in one copy.
+
+        HF's apply_rotary_pos_emb, q * cos + rotate_half(q) * sin, as the same three products and
+        sum, over each head as [2, hd / 2]: cos and the signed sin ``rope`` [n, 1, 2, hd / 2]
+        (``rope_signed``), the halves swapped by a flip (what ``roll(hd / 2)`` does, without its
+        narrows and cat)."""
+        n, nh, nkv, hd = qkv.shape[0], self.n_heads, self.n_kv, self.head_dim
+        heads = nh + nkv
+        qk = qkv[:, :heads * hd].view(n, heads, 2, hd // 2)
+        src = qk
+        if layer.qk_norms is not None:  # Qwen3, Gemma 3: q and k normalised apart (over head_dim) first
+            heads_q, heads_k = qkv[:, :heads * hd].view(n, heads, hd).split((nh, nkv), 1)
+            src = torch.cat(layer.qk_norm(heads_q, heads_k), 1).view(n, heads, 2, hd // 2)
+        cos, sin = rope
+        swapped = src.flip(2).mul_(sin)
+        torch.mul(src, cos, out=qk).add_(swapped)
+        self.kv_layers[j][:, :, past:past + n] = qkv[:, nh * hd:].view(n, 2, nkv, hd).permute(1, 2, 0, 3)
+
+    def _attend(self, q: torch.Tensor, j: int, length: int, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """SDPA of query rows q [n, nh * hd] over layer j's cache positions 0..length-1: [n, nh * hd]."""
+        n, nh, hd = q.shape[0], self.n_heads, self.head_dim
+        kv = self.kv_layers[j][:, None, :, :length]  # [2, 1, kv heads, length, hd]
+        q = q.view(n, nh, hd).transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q.to(self.attn_dtype), kv[0], kv[1], attn_mask=mask, scale=scale,
+                                           enable_gqa=self.n_kv != nh).to(q.dtype)
+        return o[0].transpose(0, 1).reshape(n, nh * hd)
+
     def _attend_one(self, q: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
-        """Attention of one query row q [1, nh, hd] over cache positions 0..length-1 of layer j,
-        each query head reading its KV group's keys: [1, nh * hd]."""
-        g = self.n_heads // self.n_kv
-        qg = q.view(self.n_kv, g, self.head_dim)
-        scores = torch.bmm(qg, self.k[j, :, :length].transpose(1, 2)).mul_(scale)  # [kv, g, length]
-        return torch.bmm(scores.softmax(-1), self.v[j, :, :length]).view(1, self.n_heads * self.head_dim)
+        """Attention of one query row q [1, nh * hd] over cache positions 0..length-1 of layer j,
+        each query head reading its KV group's keys: [1, nh * hd].
+
+        On one thread: at these sizes (a few heads by a few hundred keys) the batched matmuls and
+        the softmax would each open an OpenMP parallel region (the softmax for any two rows), whose
+        fork and join cost more than the work; the results do not depend on the thread count."""
+        qg = q.view(self.n_kv, self.n_heads // self.n_kv, self.head_dim)
+        threads = torch.get_num_threads()
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            scores = torch.bmm(qg, self.kt_layers[j][:, :, :length]).mul_(scale)  # [kv, g, length]
+            return torch.bmm(scores.softmax(-1), self.v_layers[j][:, :length]).view(1, self.n_heads * self.head_dim)
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:
         return torch.zeros(mask.shape, dtype=self.attn_dtype, device=mask.device).masked_fill_(
@@ -445,6 +491,4 @@ class FastTarget:
     def keep(self, past: int, keep: torch.Tensor):
         """Move tree entries ``past + keep`` to slots past, past+1, ... (only those few entries)."""
         src = past + keep
-        dst = slice(past, past + keep.numel())
-        self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
+        self.kv[:, :, :, past:past + keep.numel()] = self.kv[:, :, :, src]
