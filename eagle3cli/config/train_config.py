@@ -87,7 +87,7 @@ class TrainConfig(TargetOptions):
     # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
     preset: str = _f("eagle3", "Defaults to start from (below a recipe and the flags): eagle3, this tool's "
                                "(chosen by measurement: docs/benchmarks.md, 'Defaults study'), or paper, the "
-                               "EAGLE-3 paper's (no norm before fc, lr 1e-4).", choices=("eagle3", "paper"))
+                               "EAGLE-3 paper's (no norm before fc, lr 1e-4, cosine).", choices=("eagle3", "paper"))
     variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
                                 "target stream before fc, and norm_output, the normed output fed to the next step).",
                       choices=VARIANTS)
@@ -131,8 +131,9 @@ class TrainConfig(TargetOptions):
                                  "(fc, attention, MLP); the LM head and the norms stay on AdamW.",
                         choices=OPTIMIZERS)
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; --lr-schedule after.")
-    lr_schedule: str = _f("cosine", "Decay after the warm-up, from --lr to --min-lr-ratio x --lr at the last step: "
-                                    "cosine, linear, or constant (no decay).", choices=LR_SCHEDULES)
+    lr_schedule: str = _f("linear", "Decay after the warm-up, from --lr to --min-lr-ratio x --lr at the last step: "
+                                    "linear (the default: ahead of cosine at 40 and at 600 steps), cosine, or constant "
+                                    "(no decay).", choices=LR_SCHEDULES)
     min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     grad_clip: float = _f(0.5, "Gradient norm clip.")
@@ -326,7 +327,7 @@ def load_recipe(name_or_path: str) -> tuple[str, dict]:
 
 # What --preset paper changes: the EAGLE-3 paper's setup, which the defaults study measured behind
 # the eagle3 defaults at every budget tried (docs/benchmarks.md, "Defaults study").
-PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False}}
+PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False, "lr_schedule": "cosine"}}
 
 
 def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:

@@ -69,7 +69,7 @@ def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, 
     return torch.optim.AdamW([p for _, p in named], lr=lr, betas=BETAS, weight_decay=weight_decay)
 
 
-def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float, shape: str = "cosine"):
+def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float, shape: str = "linear"):
     """The LR multiplier at each step: a linear warm-up over ``warmup_ratio`` of the steps, then
     ``shape`` (cosine, linear or constant) from 1 down to ``min_ratio`` at the last step."""
     warmup = int(round(total_steps * warmup_ratio))

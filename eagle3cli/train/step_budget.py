@@ -2,7 +2,7 @@
 
 The run starts with the step count its data and flags give; once steps have been timed it
 refits that count to the time left, so a machine slower (or faster) than expected still ends
-within the limit with a finished schedule: the warm-up + cosine LR schedule is stretched or
+within the limit with a finished schedule: the warm-up + decay LR schedule is stretched or
 shortened to the fitted count, rather than cut off at a high learning rate. Refits happen at a
 few points (the first timed steps, the first full-unroll steps after ``--ttt-warmup``, then
 each tenth of the run) so the schedule moves little; before every step a hard check stops the

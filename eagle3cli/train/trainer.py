@@ -398,7 +398,7 @@ def end_token_ids(t: "Trainer") -> list[int]:
 
 
 def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
-    """(trainable parameters, --optimizer over them, the warm-up + cosine LR schedule)."""
+    """(trainable parameters, --optimizer over them, the warm-up + --lr-schedule LR schedule)."""
     named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -103,7 +103,7 @@ def test_train_fits_its_steps_and_schedule_to_the_time(store, target_dir, tmp_pa
                                                        seconds_per_step, steps):
     """Two minutes, a step taking 10 (or 20) s on the fake clock, and a reserve of 10 s for the
     export plus half a step per held-out batch (two): from the first timed step the run refits to
-    10 (4) steps, its cosine schedule ends at 0 there, and it exports as a finished run would.
+    10 (4) steps, its schedule ends at 0 there, and it exports as a finished run would.
     Without the limit the same flags run their 40 steps."""
     from eagle3cli.train.optim import lr_lambda
     from eagle3cli.train.trainer import Trainer, train
