@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from eagle3cli.cli import COMMANDS, app
+from tests.helpers.cli import refuse
 
 # (command, old spelling, new flag, parameter, value typed, value the command receives)
 RENAMED = [
@@ -142,33 +142,6 @@ def test_every_choice_is_listed_in_help():
     for command, flag, values in flags:
         text = helps.setdefault(command, help_text(command))
         assert "|".join(values) in text, (command, flag)
-
-
-REFUSE = r"""
-import contextlib, io, json, sys, time
-from eagle3cli.cli import main
-out = []
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    t0 = time.perf_counter()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        sys.argv = ["eagle3", *argv]
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out.append({"argv": argv, "code": code, "stderr": err.getvalue(), "s": time.perf_counter() - t0})
-heavy = sorted(m for m in ("torch", "transformers", "huggingface_hub", "safetensors") if m in sys.modules)
-print(json.dumps({"runs": out, "heavy": heavy}))
-"""
-
-
-def refuse(argvs: list[list[str]]) -> dict:
-    r = subprocess.run([sys.executable, "-c", REFUSE, json.dumps(argvs)], capture_output=True, text=True,
-                       timeout=120, env={"COLUMNS": "1000", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def test_a_bad_choice_is_one_line_from_the_parser_before_any_import(tmp_path):

@@ -7,14 +7,13 @@ the FAKE_LLAMA_FASTER factors its argv matches, so every setting's tokens/s is k
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from eagle3cli.cli import app
+from tests.helpers.cli import refuse
 from tests.helpers.evaluate import engine_case, engine_eval_args, python_wrapper
 
 runner = CliRunner()
@@ -188,24 +187,6 @@ def test_a_given_target_gguf_is_one_more_target(case, llama_tree, tmp_path):
     assert e["sweep"][2]["target_gguf"] == str(given) and e["sweep"][2]["tau_vs_f32"] == pytest.approx(1.0)
 
 
-REFUSE = r"""
-import contextlib, io, json, sys
-from eagle3cli.cli import main
-out = []
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        sys.argv = ["eagle3", *argv]
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out.append({"code": code, "lines": [ln for ln in err.getvalue().splitlines() if ln.strip()]})
-print(json.dumps({"runs": out, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
-"""
-
-
 def test_bad_sweep_values_are_one_line_before_anything_loads(tmp_path):
     base = ["eval", "-m", "x", "-d", "y", "-o", str(tmp_path / "o"), "--engine", "llama.cpp"]
     cases = [  # (argv, exit code, words of the one line)
@@ -218,10 +199,7 @@ def test_bad_sweep_values_are_one_line_before_anything_loads(tmp_path):
         (base[:-2] + ["--engine-draft-type", "q8_0"], 1,
          "--engine-draft-type set llama-server's runs: add --engine llama.cpp"),
     ]
-    r = subprocess.run([sys.executable, "-c", REFUSE, json.dumps([c[0] for c in cases])], capture_output=True,
-                       text=True, timeout=120, env={"COLUMNS": "1000", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout)
+    res = refuse([c[0] for c in cases])
     assert res["heavy"] == []  # refused before torch or a model is loaded
     for run, (argv, code, words) in zip(res["runs"], cases):
         assert run["code"] == code and len(run["lines"]) == 1 and words in run["lines"][0], (argv, run)
