@@ -44,8 +44,8 @@ class QuickstartOptions:
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
     max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
     draft_vocab_size: str = "8192"
-    # Measured on SmolLM2 (docs/benchmarks.md, training ablation): at a few CPU-minutes, TTT 3 with
-    # lr 3e-3 reaches a higher held-out acceptance than TTT 7 with lr 1e-3, in half the CPU time.
+    # Measured on SmolLM2 (docs/benchmarks.md, training ablation): at a few CPU-minutes, TTT 3
+    # reaches a higher held-out acceptance than TTT 7, in half the CPU time.
     ttt_steps: int = 3
     max_tokens: int = 1024  # training tokens per optimizer step
     # Every position scored (train --loss-on all): the teacher is the target's own distribution at a
