@@ -17,7 +17,7 @@ def evaluate(**flags):
     opts.validate()  # every flag, before the library (torch, transformers) is imported
     from ..model.target import TargetSpec
 
-    server_bin = None
+    server_bin = grid = None
     if opts.engine == "llama.cpp":
         from ..evaluate.eval_config import EngineGrid
         from ..evaluate.llamacpp import check_conversion, find_binary
@@ -33,7 +33,7 @@ def evaluate(**flags):
 
         check_python(opts.vllm_python)
         check_target(load_config(spec))
-    engine = {"llama.cpp": lambda: _run_engine(opts, spec, server_bin),
+    engine = {"llama.cpp": lambda: _run_engine(opts, spec, server_bin, grid),
               "vllm": lambda: _run_vllm(opts, spec)}.get(opts.engine)
     if opts.engine_only:  # the engine's numbers alone
         return _finish(_no_tasks(opts), opts, engine())
@@ -96,13 +96,12 @@ def _with_progress(n_prompts: int, run):
         return run(advance)
 
 
-def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
+def _run_engine(opts: EvalOptions, spec, server_bin, grid) -> dict:
     """The draft in llama-server, in every setting of the grid (eagle3cli/evaluate/llamacpp_sweep.py):
     the results' ``engine`` section."""
     import signal
     import sys
 
-    from ..evaluate.eval_config import EngineGrid
     from ..evaluate.llamacpp_sweep import grid_files, sweep
     from ..evaluate.tasks import load_task
     from ..model.target import load_tokenizer
@@ -110,7 +109,6 @@ def _run_engine(opts: EvalOptions, spec, server_bin) -> dict:
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
     loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]
-    grid = EngineGrid.from_options(opts)
     targets, drafts = grid_files(grid, opts.draft, spec.model, Path(opts.out) / "gguf", opts.llama_cpp, log=say)
     return sweep(loaded, load_tokenizer(spec), server_bin, targets, drafts, grid.n_max, grid.p_min,
                  max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say)

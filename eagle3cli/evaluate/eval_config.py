@@ -53,7 +53,6 @@ class EvalConfig:
                    target_gguf=opts.target_gguf, log_dir=str(opts.out))
 
 
-
 @dataclass(frozen=True)
 class EngineGrid:
     """The llama.cpp settings ``eval --engine llama.cpp`` measures: every combination of a target
@@ -75,20 +74,10 @@ class EngineGrid:
         def once(xs):
             return tuple(dict.fromkeys(xs))
 
-        p_min = opts.engine_p_min if isinstance(opts.engine_p_min, (list, tuple)) else [opts.engine_p_min]
         tg = str(opts.target_gguf) if opts.target_gguf else None
         dg = str(opts.draft_gguf) if opts.draft_gguf else None
         return cls(target_types=once(opts.engine_target_types) or (() if tg else ("f32",)),
                    draft_types=once(opts.engine_draft_types) or (() if dg else ("f32",)),
-                   n_max=once(opts.engine_chain_length) or (opts.steps,), p_min=once(float(p) for p in p_min) or (0.0,),
+                   n_max=once(opts.engine_chain_length) or (opts.steps,),
+                   p_min=once(float(p) for p in opts.engine_p_min) or (0.0,),
                    target_gguf=tg, draft_gguf=dg)
-
-    def counts(self) -> tuple[int, int, int, int]:
-        """(targets, drafts, draft lengths, p-mins) measured."""
-        return (len(self.target_types) + (self.target_gguf is not None),
-                len(self.draft_types) + (self.draft_gguf is not None), len(self.n_max), len(self.p_min))
-
-    def size(self) -> int:
-        """How many speculative settings: one llama-server run each, beside one plain run per target."""
-        t, d, n, p = self.counts()
-        return t * d * n * p

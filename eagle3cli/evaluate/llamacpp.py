@@ -23,6 +23,7 @@ tau = (predicted_n - 1) / steps, summed over answers. From /metrics: 1 + accepte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -253,6 +254,15 @@ class Tally:
         self.drafted += int(t.get("draft_n", 0))
         self.accepted += acc
         self.steps += max(0, n - 1 - acc)
+
+    @classmethod
+    def total(cls, tallies) -> "Tally":
+        """The sum of ``tallies``, field by field."""
+        out = cls()
+        for t in tallies:
+            for f in dataclasses.fields(cls):
+                setattr(out, f.name, getattr(out, f.name) + getattr(t, f.name))
+        return out
 
     def tokens_per_s(self) -> float | None:
         return 1000.0 * self.tokens / self.ms if self.ms else None

@@ -157,20 +157,12 @@ class _Clock:
         return self.spent / max(self.runs, 1) * (self.of - self.runs) / 60
 
 
-def _sum(tallies) -> Tally:
-    out = Tally()
-    for t in tallies:
-        for k in ("answers", "tokens", "ms", "wall_s", "drafted", "accepted", "steps"):
-            setattr(out, k, getattr(out, k) + getattr(t, k))
-    return out
-
-
 def _record(t, target_gguf, d, draft_gguf, n, p, loaded, plain, spec, mismatches, per_task, metrics) -> dict:
     """One setting of the sweep: its per-task rows (the layout of a single run's ``tasks``) and its
     totals over every task."""
     tasks = {task: task_summary(len(prompts), plain[task], spec[task], per_task.get(task) or {}, mismatches[task])
              for task, prompts in loaded}
-    b, sp = _sum(plain.values()), _sum(spec.values())
+    b, sp = Tally.total(plain.values()), Tally.total(spec.values())
     tps_b, tps_s = b.tokens_per_s(), sp.tokens_per_s()
     differ = sum(len(ids) for ids in mismatches.values())
     return {"target_type": t, "draft_type": d, "target_gguf": str(target_gguf), "draft_gguf": str(draft_gguf),

@@ -12,9 +12,9 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from ..config.options import GGUF_TYPES
 from ..engines import engine_support
 from .export import METADATA_KEY, options_from_json
+from .gguf_export import OUTTYPES
 
 TEMPLATE = "model_card.md"
 LIBRARY_NAME = "eagle3"  # the library that trains, evaluates and loads these drafts
@@ -79,7 +79,7 @@ def llamacpp_command(repo: str, gguf_files=(), best: dict | None = None) -> str:
     files = sorted(gguf_files)
     best = best or {}
     measured = best.get("draft") or (f"draft-{best['draft_type']}.gguf" if best.get("draft_type") else None)
-    outtype = best.get("draft_type") if best.get("draft_type") in GGUF_TYPES else "f32"  # what export-gguf writes
+    outtype = best.get("draft_type") if best.get("draft_type") in OUTTYPES else "f32"  # what export-gguf writes
     name = measured if measured in files else files[0] if files else f"draft-{outtype}.gguf"
     get = (f"hf download {repo} {name} --local-dir .\n" if gguf_files else
            f"hf download {repo} --local-dir draft && eagle3 export-gguf draft --model TARGET_DIR "
