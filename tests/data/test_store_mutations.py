@@ -173,15 +173,27 @@ def test_there_are_many_variants():
     assert len(VARIANTS) >= 150, len(VARIANTS)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_store_readers_refuse_in_one_line_or_read_the_valid_store(world, name, tmp_path):
-    valid, expected = world
+def _damaged_copy(valid: Path, name: str, tmp_path: Path) -> Path:
+    """A copy of the valid store with variant ``name`` applied."""
     root = tmp_path / "store"
     shutil.copytree(valid, root)
     variants(valid)[name](root)
+    return root
+
+
+def _readers(tmp_path: Path):
+    """(reader, its function, an empty folder of its own) for each reader."""
     for reader, fn in READERS.items():
         reads = tmp_path / f"reads-{reader}"
         reads.mkdir()
+        yield reader, fn, reads
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_store_readers_refuse_in_one_line_or_read_the_valid_store(world, name, tmp_path):
+    valid, expected = world
+    root = _damaged_copy(valid, name, tmp_path)
+    for reader, fn, reads in _readers(tmp_path):
         try:
             got = fn(root, reads)
         except (Eagle3Error, FileNotFoundError) as e:  # FileNotFoundError: no manifest (train says so in one line)
@@ -199,12 +211,8 @@ MUST_REFUSE = ["shard-truncated-9", "sidecar-bytes-wrong-type", "manifest-run-wr
 @pytest.mark.parametrize("name", MUST_REFUSE)
 def test_damage_is_refused_by_both(world, name, tmp_path):
     valid, _ = world
-    root = tmp_path / "store"
-    shutil.copytree(valid, root)
-    variants(valid)[name](root)
-    for reader, fn in READERS.items():
-        reads = tmp_path / f"reads-{reader}"
-        reads.mkdir()
+    root = _damaged_copy(valid, name, tmp_path)
+    for reader, fn, reads in _readers(tmp_path):
         with pytest.raises(Eagle3Error):
             fn(root, reads)
 
