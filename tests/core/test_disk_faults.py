@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from eagle3cli.cli import app
 from eagle3cli.core import io_utils
 from eagle3cli.core.errors import WriteError
+from tests.helpers.quickstart import write_prompts
 from tests.helpers.tiny import tiny_config
 
 PHRASE = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
@@ -162,15 +163,6 @@ def test_boundary_maps_a_disk_error_wherever_it_surfaces():
 
 # ---------------------------------------------------------------- gen-data (and the store for train)
 
-def conversations(n):
-    rows = []
-    for i in range(n):
-        turns = [{"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},
-                 {"from": "gpt", "value": f"It is {2 * i}."}]
-        rows.append({"id": str(i), "conversations": turns})
-    return rows
-
-
 def gen_args(model, data, out):
     return ["gen-data", "-m", model, "--data", data, "-o", out, "--max-new-tokens", "6", "--max-length", "96",
             "--shard-size", "2", "--batch-size", "4", "--device", "cpu"]
@@ -181,7 +173,7 @@ def gen_ref(smol_tiny_dir, tmp_path_factory):
     """(data file, an uninterrupted store, the files it committed in order)."""
     root = tmp_path_factory.mktemp("gen")
     data = root / "chats.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in conversations(6)) + "\n")
+    write_prompts(data, 6)
     with Faults() as f:
         res = cli(*gen_args(smol_tiny_dir, data, root / "ref"))
     assert res.exit_code == 0, res.output
