@@ -17,7 +17,16 @@ from eagle3cli.decode.generator import (
 )
 from eagle3cli.decode.tree import build_greedy_tree, build_sampled_tree, new_tree, target_logq
 from eagle3cli.model.draft import KVCache
-from tests.helpers.decoding import NO_EOS, Oracle, draft_trees, exact_marginals, option_draft, prompt, random_draft
+from tests.helpers.decoding import (
+    NO_EOS,
+    Oracle,
+    draft_trees,
+    exact_marginals,
+    fast_path_accepted,
+    option_draft,
+    prompt,
+    random_draft,
+)
 from tests.helpers.tiny import tiny_model
 
 
@@ -726,20 +735,8 @@ def test_fast_path_greedy_equality(arch, packing):
     """Speculative decoding on the fast path is token for token the HF target's greedy output,
     with MKL's packed matmuls (4 rows padded, 13 exact) or oneDNN's."""
     target = tiny_model(arch)
-    draft = random_draft(target)
-    oracle = Oracle(target, sharpen=1.0, noise=0.03)
     fast = FastTarget(target, 128, packed_rows=packing)
-    accepted = 0
-    for i in range(3):
-        ids = prompt(20 + i)
-        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS)
-        assert greedy_generate(target, ids, 30, eos_token_id=NO_EOS, fast=fast) == ref
-        for d in (draft, oracle):
-            for kw in (dict(mode="tree", total_tokens=12, depth=4, top_k=3), dict(mode="chain", steps=3)):
-                out = speculative_generate(target, d, ids, max_new_tokens=30, eos_token_id=NO_EOS, fast=fast, **kw)
-                assert out.path == "fast"
-                assert out.tokens == ref, f"{arch} {kw['mode']} prompt {i}"
-                accepted += sum(a - 1 for a in out.accept_lengths)
+    accepted = fast_path_accepted(target, fast, seeds=(20, 21, 22), new_tokens=30, label=arch)
     assert accepted > 10  # the oracle's paths were accepted, so the kept cache was exercised
 
 

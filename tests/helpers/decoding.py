@@ -111,3 +111,25 @@ def exact_marginals(target, ids, temperature):
         for b in range(V):
             p3 += p1[a] * pa[b] * p(base + [a, b])
     return p2, p3
+
+
+def fast_path_accepted(target, fast, seeds, new_tokens: int, label: str = "") -> int:
+    """Speculative decoding on the fast path ``fast`` of ``target``, tree and chain, with a random
+    draft and a near-exact oracle, from a prompt per seed: asserts every output (and plain greedy on
+    the fast path) is HF greedy's token for token; returns the draft tokens accepted (so a caller can
+    require that the kept cache was exercised)."""
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
+
+    draft, oracle = random_draft(target), Oracle(target, sharpen=1.0, noise=0.03)
+    accepted = 0
+    for seed in seeds:
+        ids = prompt(seed)
+        ref = greedy_generate(target, ids, new_tokens, eos_token_id=NO_EOS)
+        assert greedy_generate(target, ids, new_tokens, eos_token_id=NO_EOS, fast=fast) == ref
+        for d in (draft, oracle):
+            for kw in (dict(mode="tree", total_tokens=12, depth=4, top_k=3), dict(mode="chain", steps=3)):
+                out = speculative_generate(target, d, ids, max_new_tokens=new_tokens, eos_token_id=NO_EOS,
+                                           fast=fast, **kw)
+                assert out.path == "fast" and out.tokens == ref, f"{label} {kw['mode']} prompt seed {seed}"
+                accepted += sum(a - 1 for a in out.accept_lengths)
+    return accepted
