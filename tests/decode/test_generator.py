@@ -21,11 +21,11 @@ from tests.helpers.decoding import (
     NO_EOS,
     Oracle,
     draft_trees,
-    exact_marginals,
     fast_path_accepted,
     option_draft,
     prompt,
     random_draft,
+    sampled_marginals,
 )
 from tests.helpers.tiny import tiny_model
 
@@ -515,29 +515,17 @@ def test_accept_sampling_exact_on_synthetic_tree():
                                                ("chain", "noisy")])
 def test_sampling_matches_target_distribution(mode, drafter_kind):
     target = tiny_model("llama", vocab_size=8, num_hidden_layers=3, hidden_size=32, intermediate_size=64)
-    ids = torch.tensor([[1, 5, 3, 2]])
-    T = 0.8
     drafter = {
         "good": lambda: Oracle(target),  # q == p (the generator applies T to both): nothing is rejected
         "noisy": lambda: Oracle(target, noise=1.0),
         "eagle": lambda: random_draft(target, keep_every=2),
     }[drafter_kind]()
-    p2, p3 = exact_marginals(target, ids, T)
     n = 300
-    c2, c3 = torch.zeros(8), torch.zeros(8)
-    accepted = 0
-    for seed in range(n):
-        out = speculative_generate(target, drafter, ids, mode=mode, total_tokens=6, depth=3, top_k=3, steps=3,
-                                   temperature=T, max_new_tokens=3, eos_token_id=NO_EOS, seed=seed)
-        c2[out.tokens[1]] += 1
-        c3[out.tokens[2]] += 1
-        accepted += out.accept_lengths[0] - 1
+    accepted = sampled_marginals(target, drafter, mode, n=n)
     if drafter_kind == "good":  # q == p never rejects; a chain always has a child to try
         assert accepted == n * 3 if mode == "chain" else accepted >= n
     elif drafter_kind == "noisy":
         assert 0 < accepted < n * 3
-    assert chisquare(c2.numpy(), (p2 * n).numpy()).pvalue > 1e-3
-    assert chisquare(c3.numpy(), (p3 * n).numpy()).pvalue > 1e-3
 
 
 def test_eos_and_max_new_tokens():
@@ -744,19 +732,8 @@ def test_fast_path_greedy_equality(arch, packing):
 def test_fast_path_sampling_matches_target_distribution(mode, drafter_kind):
     target = tiny_model("llama", vocab_size=8, num_hidden_layers=3, hidden_size=32, intermediate_size=64)
     fast = FastTarget(target, 16, packed_rows=(4, 7, "onednn"))  # 4 and 7 rows MKL, the rest oneDNN
-    ids = torch.tensor([[1, 5, 3, 2]])
-    T = 0.8
     drafter = Oracle(target, noise=1.0) if drafter_kind == "noisy" else random_draft(target, keep_every=2)
-    p2, p3 = exact_marginals(target, ids, T)
-    n = 300
-    c2, c3 = torch.zeros(8), torch.zeros(8)
-    for seed in range(n):
-        out = speculative_generate(target, drafter, ids, mode=mode, total_tokens=6, depth=3, top_k=3, steps=3,
-                                   temperature=T, max_new_tokens=3, eos_token_id=NO_EOS, seed=seed, fast=fast)
-        c2[out.tokens[1]] += 1
-        c3[out.tokens[2]] += 1
-    assert chisquare(c2.numpy(), (p2 * n).numpy()).pvalue > 1e-3
-    assert chisquare(c3.numpy(), (p3 * n).numpy()).pvalue > 1e-3
+    sampled_marginals(target, drafter, mode, fast=fast)
 
 
 def test_fast_path_refuses_what_it_cannot_run():

@@ -133,3 +133,28 @@ def fast_path_accepted(target, fast, seeds, new_tokens: int, label: str = "") ->
                 assert out.path == "fast" and out.tokens == ref, f"{label} {kw['mode']} prompt seed {seed}"
                 accepted += sum(a - 1 for a in out.accept_lengths)
     return accepted
+
+
+def sampled_marginals(target, drafter, mode: str, fast=None, n: int = 300, temperature: float = 0.8) -> int:
+    """Speculative sampling at ``temperature`` from the prompt [1, 5, 3, 2] with ``n`` seeds (a tree
+    of 6 tokens, depth 3, top-k 3, or a chain of 3; 3 new tokens each): asserts the 2nd and 3rd
+    tokens follow the target's exact marginals (chi-square p > 1e-3; vocabulary 8); returns the
+    draft tokens accepted at the first cycle, summed."""
+    from scipy.stats import chisquare
+
+    from eagle3cli.decode.generator import speculative_generate
+
+    ids = torch.tensor([[1, 5, 3, 2]])
+    p2, p3 = exact_marginals(target, ids, temperature)
+    c2, c3 = torch.zeros(8), torch.zeros(8)
+    accepted = 0
+    for seed in range(n):
+        out = speculative_generate(target, drafter, ids, mode=mode, total_tokens=6, depth=3, top_k=3, steps=3,
+                                   temperature=temperature, max_new_tokens=3, eos_token_id=NO_EOS, seed=seed,
+                                   fast=fast)
+        c2[out.tokens[1]] += 1
+        c3[out.tokens[2]] += 1
+        accepted += out.accept_lengths[0] - 1
+    assert chisquare(c2.numpy(), (p2 * n).numpy()).pvalue > 1e-3
+    assert chisquare(c3.numpy(), (p3 * n).numpy()).pvalue > 1e-3
+    return accepted
