@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from eagle3cli.core.hf_utils import cache_kwargs
 from eagle3cli.data.chat_mask import end_of_turn_ids, render
 from eagle3cli.data.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
 from eagle3cli.data.sources import load_conversations
@@ -56,11 +57,11 @@ def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float
     ids = torch.randint(100, 1000, (batch, prefix))
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
         ts = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
             ts.append(time.perf_counter() - t0)
             cache.crop(-1)
     return batch / sorted(ts)[len(ts) // 2]

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 
 import torch
+from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
     FlopCounterMode,
@@ -34,15 +35,32 @@ from torch.utils.flop_counter import (
 aten = torch.ops.aten
 GEMMS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm", aten.baddbmm.default: "baddbmm"}
 
+def _gqa_tolerant(count):
+    """torch's SDPA formulas (2.11 at least) assert that key and value have the query's head count;
+    a grouped-query model's attention costs what it would with k and v repeated to that count."""
+
+    @functools.wraps(count)
+    def wrapped(*shapes):
+        *lead, q, k, v = shapes
+        heads = q[1]
+        return count(*lead, q, (k[0], heads, *k[2:]), (v[0], heads, *v[2:]))
+
+    return wrapped
+
+
+# the registered formulas look these names up at call time
+flop_counter.sdpa_flop_count = _gqa_tolerant(sdpa_flop_count)
+flop_counter.sdpa_backward_flop_count = _gqa_tolerant(sdpa_backward_flop_count)
+
 if aten._scaled_dot_product_flash_attention_for_cpu not in flop_registry:
     @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
     def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-        return sdpa_flop_count(query_shape, key_shape, value_shape)
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
     @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
     def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
                            **kwargs) -> int:
-        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+        return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
 class GemmRecorder(TorchDispatchMode):

@@ -5,6 +5,8 @@ Kept free of package imports (only torch, lazily) so any module can use them wit
 
 from __future__ import annotations
 
+import functools
+
 
 def text_config(config):
     """The language-model config inside ``config`` (Gemma-3 and multimodal wrappers nest it)."""
@@ -37,3 +39,28 @@ def synchronize(device) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{name: cache}`` for a forward call, under the name this model's forward takes.
+
+    transformers renamed the KV-cache argument from ``past_key_values`` to ``cache`` during 5.x.
+    Passing the wrong name is not an error: the forward swallows it into ``**kwargs`` and runs
+    without the cache, so every cached step would attend to its own tokens only.
+    """
+    return {_cache_name(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_name(cls) -> str:
+    import inspect
+
+    params = inspect.signature(cls.forward).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    # a wrapper that passes **kwargs on (PEFT, accelerate hooks): the installed version decides
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"

@@ -226,6 +226,7 @@ def convert_gguf(gguf_file: str | Path, out: str | Path, dtype: str = CONVERT_DT
         cfg = AutoConfig.from_pretrained(src_dir, gguf_file=name)
         if hasattr(cfg, "quantization_config"):
             del cfg.quantization_config
+        _special_tokens_from_config(tok, cfg)
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
         missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
         # Tied lm_head may be absent from one side; anything else means a broken conversion.
@@ -247,6 +248,18 @@ def convert_gguf(gguf_file: str | Path, out: str | Path, dtype: str = CONVERT_DT
             raise
     console.print(f"[green]wrote[/] {out} in {time.perf_counter() - t0:.0f}s")
     return out
+
+
+def _special_tokens_from_config(tok, cfg) -> None:
+    """Set the tokenizer's bos, eos and pad to the GGUF's own ids, as its config reads them.
+
+    Some transformers 5.x releases (5.17) build a GGUF's tokenizer with the bos token as its eos
+    and no pad, while the config reads the file's ids right; the chat masks and every stop
+    condition read the tokenizer's eos."""
+    for name in ("bos", "eos", "pad"):
+        i = getattr(cfg, f"{name}_token_id", None)
+        if isinstance(i, int) and 0 <= i < len(tok):
+            setattr(tok, f"{name}_token", tok.convert_ids_to_tokens(i))
 
 
 # ---------------------------------------------------------------- ShareGPT

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from ..core.hf_utils import cache_kwargs
+
 
 def median_seconds(fn, repeats: int) -> float:
     """Median wall seconds of ``fn()`` after one untimed call (allocation, weight packing)."""
@@ -44,12 +46,12 @@ def regen_bound(model, dtype_name: str | None, slots: int, prefix: int) -> float
 
             ids = torch.randint(3, 100, (1, prefix), device=dev)
             cache = DynamicCache(config=model.config)
-            model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)  # one row, then copied
+            model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)  # one row, then copied
             cache.batch_repeat_interleave(slots)
             ids = ids.expand(slots, -1)
 
             def step():
-                model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+                model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
                 cache.crop(-1)
             return slots / median_seconds(step, 3)
         target = SlotTarget(model, slots, prefix + 8, dtype=getattr(torch, dtype_name) if dtype_name else None)

@@ -30,6 +30,7 @@ from typing import Callable
 
 from ..core.errors import Eagle3Error
 from ..core.hardware import has_bf16_matmul
+from ..core.hf_utils import cache_kwargs
 from .chat_mask import render
 
 
@@ -157,7 +158,7 @@ def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_
     ids, attn = ids.to(device), attn.to(device)
     pos = (attn.cumsum(-1) - 1).clamp_(min=0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(model, cache), use_cache=True,
                 logits_to_keep=1)
     alive = list(range(len(prompts)))
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -180,8 +181,8 @@ def generate_batch(model, prompts: list[list[int]], settings: GenSettings, stop_
             alive = [alive[r] for r in keep]
         attn = torch.cat([attn, attn.new_ones(len(alive), 1)], dim=1)
         nxt_pos = nxt_pos + 1
-        out = model(input_ids=new[:, None], attention_mask=attn, position_ids=nxt_pos[:, None], cache=cache,
-                    use_cache=True)
+        out = model(input_ids=new[:, None], attention_mask=attn, position_ids=nxt_pos[:, None],
+                    **cache_kwargs(model, cache), use_cache=True)
 
 
 def answer_message(tokenizer, ids: list[int], ended: bool) -> dict:

@@ -17,6 +17,7 @@ chunked when ``attention_chunk_size`` is, full otherwise.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,26 @@ KINDS = (FULL, SLIDING, CHUNKED)
 # attention implementations that read a 4-D mask tensor: sdpa takes "may attend" as bool, eager and
 # flex add the mask to the scores (a bool there would add 1 to the allowed scores, not mask the rest)
 BOOL_MASK, ADDITIVE_MASK = ("sdpa",), ("eager", "flex_attention")
+
+
+def without_cudnn_attention(fn):
+    """Run ``fn`` with SDPA's cuDNN kernel ruled out (flash, memory-efficient and math stay).
+
+    Decoding calls SDPA with a new key length at every step, and cuDNN builds an execution graph
+    per shape: on an H200 that set-up took 1.2 ms of CPU per call, 38 ms a token over a
+    32-layer target, while the whole bf16 step's GPU work took 5.5 ms. No effect on a CPU.
+    """
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not torch.cuda.is_available():
+            return fn(*args, **kwargs)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Sequence
 import torch
 
 from ..core.errors import Eagle3Error
-from ..core.hf_utils import eos_token_ids, text_config
+from ..core.hf_utils import cache_kwargs, eos_token_ids, text_config
 from ..core.hf_utils import synchronize as _sync
 from . import attention
 from .drafter import as_drafter
@@ -227,6 +227,7 @@ def accept_sampling(tree: Tree, probs: torch.Tensor, gen: torch.Generator) -> tu
 # The loop
 # --------------------------------------------------------------------------------------
 @torch.inference_mode()
+@attention.without_cudnn_attention
 def speculative_generate(
     target,
     draft,
@@ -420,6 +421,7 @@ def _cut_at_stop_string(res: SpecOutput, tokenizer, stop_strings) -> bool:
 
 
 @torch.inference_mode()
+@attention.without_cudnn_attention
 def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None, fast=None) -> list[int]:
     """Plain greedy decoding, one token per forward (the reference for the lossless tests).
 
@@ -432,14 +434,14 @@ def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_to
     if fast is not None:
         return _fast_greedy(fast, input_ids, max_new_tokens, stops)
     cache = DynamicCache(config=target.config)
-    out = target(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    out = target(input_ids=input_ids, **cache_kwargs(target, cache), use_cache=True, logits_to_keep=1)
     toks = []
     while True:
         t = int(out.logits[0, -1].argmax())
         toks.append(t)
         if t in stops or len(toks) >= max_new_tokens:
             return toks
-        out = target(input_ids=input_ids.new_tensor([[t]]), cache=cache, use_cache=True)
+        out = target(input_ids=input_ids.new_tensor([[t]]), **cache_kwargs(target, cache), use_cache=True)
 
 
 def _fast_greedy(fast, input_ids, max_new_tokens: int, stops: set[int]) -> list[int]:

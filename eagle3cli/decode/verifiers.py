@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.hf_utils import cache_kwargs
 from . import attention
 
 
@@ -27,7 +28,8 @@ def keep_cache(cache, past: int, keep: torch.Tensor):
 
 
 def forward(target, input_ids, cache, **kw):
-    return target(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True, return_dict=True, **kw)
+    return target(input_ids=input_ids, **cache_kwargs(target, cache), use_cache=True, output_hidden_states=True,
+                  return_dict=True, **kw)
 
 
 class HFVerifier:

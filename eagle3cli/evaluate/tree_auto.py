@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from ..decode.attention import without_cudnn_attention
 from .eval_config import EvalError
 from .fast_setup import check_exact, pack_drafter, pack_for_run
 from .measure import timed
 
 
+@without_cudnn_attention
 def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repeats=3) -> dict[int, float]:
     """Seconds of one target forward of n new tokens (after a prefix) on this hardware, as the
     generator's HF path verifies them (its cache and per-layer masks)."""
@@ -34,6 +36,7 @@ def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repe
     return lat
 
 
+@without_cudnn_attention
 def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
                         repeats=3, decoder=None) -> dict[int, float]:
     """``verify_latency`` on the fast path: each size timed with every packing ``tune_packing`` would

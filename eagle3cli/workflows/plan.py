@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from ..core import hardware
 from ..core.errors import Eagle3Error
 from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
+from ..core.hf_utils import cache_kwargs
 from ..core.threads import choose_threads
 from ..data.regen_rate import median_seconds
 
@@ -337,10 +338,10 @@ def decode_token_seconds(model, prefix: int = 128) -> float:
     ids = torch.randint(3, 100, (1, prefix))
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
 
         def step():
-            model(input_ids=ids[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
             cache.crop(-1)
         return median_seconds(step, 3)
 

@@ -41,3 +41,37 @@ def test_write_json_is_atomic(tmp_path):
     io_utils.write_json(tmp_path / "a.json", {"x": 1})
     assert (tmp_path / "a.json").read_text() == '{\n  "x": 1\n}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_cache_kwargs_uses_the_name_each_forward_takes():
+    """transformers renamed ``past_key_values`` to ``cache`` in 5.x; a wrong name runs uncached."""
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return past_key_values
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs):
+            return cache
+
+    marker = object()
+    for cls in (Old, New):
+        model = cls()
+        assert model(None, **hf_utils.cache_kwargs(model, marker)) is marker
+
+
+def test_cache_kwargs_reaches_the_installed_models_cache():
+    """A real model's cached steps equal its uncached forward: the cache was read, not swallowed."""
+    from transformers import DynamicCache
+
+    from tests.helpers.tiny import tiny_model
+
+    model = tiny_model("llama")
+    ids = torch.randint(3, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :-1], use_cache=True, **hf_utils.cache_kwargs(model, cache))
+        step = model(input_ids=ids[:, -1:], use_cache=True, **hf_utils.cache_kwargs(model, cache)).logits[0, -1]
+        full = model(input_ids=ids).logits[0, -1]
+    assert cache.get_seq_length() == 9
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-5)

@@ -223,3 +223,14 @@ def test_vllm_acceptance_prompt_formats_and_compare(tmp_path):
     plain = {"answers": [[{"token_ids": [1, 2]}], [{"token_ids": [3]}, {"token_ids": [4]}]]}
     spec = {"answers": [[{"token_ids": [1, 2]}], [{"token_ids": [3]}, {"token_ids": [5]}]]}
     assert va.compare(plain, spec) == {"num_compared": 2, "mismatches": [1]}
+
+
+def test_converted_tokenizer_takes_special_tokens_from_the_gguf_config(tiny_gguf):
+    """transformers 5.17 builds a GGUF tokenizer with its bos as eos; the config's ids win."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)
+    cfg = AutoConfig.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)
+    tok.eos_token = "<|im_start|>"  # what 5.17 reads
+    rm._special_tokens_from_config(tok, cfg)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.eos_token) == (1, 2, "<|im_end|>")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from eagle3cli.core.hf_utils import cache_kwargs
 from eagle3cli.decode.drafter import EagleDrafter
 from eagle3cli.decode.generator import (
     ContextTooLong,
@@ -92,7 +93,8 @@ def test_cache_after_acceptance_equals_fresh_prefill():
     from transformers import DynamicCache
 
     fresh = DynamicCache(config=target.config)
-    target(input_ids=torch.cat([ids, torch.tensor([out.tokens])], 1)[:, :m], cache=fresh, use_cache=True)
+    seq = torch.cat([ids, torch.tensor([out.tokens])], 1)[:, :m]
+    target(input_ids=seq, **cache_kwargs(target, fresh), use_cache=True)
     assert len(out.cache.layers) == len(fresh.layers)
     for a, b in zip(out.cache.layers, fresh.layers):
         torch.testing.assert_close(a.keys[:, :, :m], b.keys, atol=2e-5, rtol=1e-4)
@@ -700,10 +702,10 @@ def test_fast_target_matches_hf_forward(arch):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=target.config)
-        target(input_ids=ids, cache=cache, use_cache=True)
+        target(input_ids=ids, **cache_kwargs(target, cache), use_cache=True)
         pos = (n + torch.tensor(tree.depths))[None]
-        ref = target(input_ids=torch.tensor([tree.tokens]), cache=cache, use_cache=True, attention_mask=mask,
-                     position_ids=pos)
+        ref = target(input_ids=torch.tensor([tree.tokens]), **cache_kwargs(target, cache), use_cache=True,
+                     attention_mask=mask, position_ids=pos)
         got, _ = fast.forward(torch.tensor(tree.tokens), pos[0], n, mask=mask[0, 0])
         torch.testing.assert_close(got, ref.logits[0], atol=1e-4, rtol=1e-4)
         # keep root and grandchild path (0, a, 3): the cache equals a fresh prefill of that sequence
@@ -827,3 +829,30 @@ def test_fast_target_cache_grows_keeping_what_it_holds(monkeypatch):
         assert grown.k.shape[2] == 40 and torch.equal(grown.k, whole.k[:, :, :40])
         with pytest.raises(ValueError, match="holds 40 positions"):
             grown.forward(ids[:3], torch.arange(38, 41), 38)
+
+
+def test_decoding_on_cuda_rules_out_cudnn_attention_only(monkeypatch):
+    """cuDNN's SDPA builds a graph for every new key length (1.2 ms of CPU a call on an H200);
+    the decode loops run with flash, memory-efficient and math attention, and restore the rest."""
+    from eagle3cli.decode import attention
+
+    seen = []
+
+    def probe():
+        b = torch.backends.cuda
+        seen.append((b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
+        return "result"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert attention.without_cudnn_attention(probe)() == "result"
+    assert seen == [(False, True, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    attention.without_cudnn_attention(probe)()
+    assert seen[1][0] is True
+    from eagle3cli.decode import generator
+    from eagle3cli.evaluate import tree_auto
+
+    for fn in (generator.speculative_generate, generator.greedy_generate, tree_auto.verify_latency,
+               tree_auto.verify_latency_fast):
+        assert fn.__wrapped__.__name__ == fn.__name__

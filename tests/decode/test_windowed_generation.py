@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3cli.core.hf_utils import cache_kwargs
 from eagle3cli.decode import attention
 from eagle3cli.decode.generator import UnsupportedTarget, check_supported, greedy_generate, speculative_generate
 from eagle3cli.decode.tree import new_tree, verify_mask
@@ -73,9 +74,9 @@ def one_token_logits(target, seq: list[int], start: int) -> torch.Tensor:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=target.config)
-    target(input_ids=torch.tensor([seq[:start]]), cache=cache, use_cache=True)
-    return torch.stack([target(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True).logits[0, -1]
-                        for t in seq[start:]])
+    target(input_ids=torch.tensor([seq[:start]]), **cache_kwargs(target, cache), use_cache=True)
+    kw = cache_kwargs(target, cache)
+    return torch.stack([target(input_ids=torch.tensor([[t]]), **kw, use_cache=True).logits[0, -1] for t in seq[start:]])
 
 
 VERIFY_CASES = [("llama", "eager"), ("llama", "sdpa"), ("qwen2", "eager"), ("qwen2", "sdpa"),
@@ -146,7 +147,8 @@ def test_windowed_cache_keeps_every_position_of_the_accepted_path(family):
     n = ids.shape[1] + sum(out.accept_lengths)
     m = min(n, ids.shape[1] + len(out.tokens))
     fresh = attention.keep_all_cache()
-    target(input_ids=torch.cat([ids, torch.tensor([out.tokens])], 1)[:, :m], cache=fresh, use_cache=True)
+    seq = torch.cat([ids, torch.tensor([out.tokens])], 1)[:, :m]
+    target(input_ids=seq, **cache_kwargs(target, fresh), use_cache=True)
     assert len(out.cache.layers) == len(fresh.layers) == target.config.num_hidden_layers
     for a, b in zip(out.cache.layers, fresh.layers):
         assert a.keys.shape[2] == n
