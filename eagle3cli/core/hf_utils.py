@@ -1,6 +1,7 @@
 """Small helpers over Hugging Face objects and devices, shared by every layer of the package.
 
-Kept free of package imports (only torch, lazily) so any module can use them without cycles.
+Kept free of package imports (only torch and transformers, lazily) so any module can use them
+without cycles.
 """
 
 from __future__ import annotations
