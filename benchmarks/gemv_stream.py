@@ -1,0 +1,139 @@
+"""How fast one-row matmuls read a decoding step's weights on this CPU, against plain reads of them.
+
+    PYTHONPATH=. python benchmarks/gemv_stream.py [--model $SMOL] [--threads 2] [--rounds 9]
+    PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --decode [-n 64] [--rounds 5]
+
+A step of plain decoding is one-row matmuls over every weight matrix, so its speed is the rate
+those calls stream weights from memory. Kernel loop (the default): the fast path's matrices of
+--model (its fused qkv, o, gate|up, down per layer and the LM head; random fp32 weights of those
+shapes), each one-row kernel run over all of them, interleaved with ``sum()`` over the same
+tensors (what a pure read costs, one call each) and over one buffer of their total size (the
+streaming rate with no call boundaries). Medians of --rounds; GB/s = weight bytes / time.
+
+``--decode``: the fast path decoding -n tokens greedily after a chat prompt, with every matmul
+oneDNN-prepacked, every one MKL-packed for one row, and MKL for the matrices under --split MB with
+oneDNN for the rest, interleaved --rounds times; medians and ratios to oneDNN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from eagle3cli.decode.fast_target import ONEDNN, FastTarget  # noqa: E402
+
+
+def kernels(weights: list[torch.Tensor]) -> dict:
+    """name -> a function that runs that one-row kernel over every weight once."""
+    one = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    onednn_b1 = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+    mkl1 = [torch.ops.mkl._mkl_reorder_linear_weight(w, 1) for w in weights]
+    transposed = [w.t().contiguous() for w in weights]
+    linear = torch.ops.mkldnn._linear_pointwise.default
+    big = torch.ones(sum(w.numel() for w in weights))
+    return {
+        "oneDNN prepacked": lambda: [linear(one[w.shape[1]], p, None, "none", [], "") for w, p in zip(weights, onednn)],
+        "oneDNN packed for batch 1": lambda: [linear(one[w.shape[1]], p, None, "none", [], "")
+                                              for w, p in zip(weights, onednn_b1)],
+        "MKL packed, 1 row": lambda: [torch.ops.mkl._mkl_linear(one[w.shape[1]], p, w, None, 1)
+                                      for w, p in zip(weights, mkl1)],
+        "F.linear": lambda: [F.linear(one[w.shape[1]], w) for w in weights],
+        "mm, transposed weight": lambda: [torch.mm(one[t.shape[0]], t) for t in transposed],
+        "mv": lambda: [torch.mv(w, one[w.shape[1]][0]) for w in weights],
+        "sum() of each weight": lambda: [w.sum() for w in weights],
+        "sum() of one buffer": lambda: big.sum(),
+    }
+
+
+def kernel_loop(fast: FastTarget, rounds: int) -> None:
+    torch.manual_seed(0)
+    weights = [torch.randn(lin.weight.shape) * 0.02 for lin in fast.decoder.linears()]
+    nbytes = sum(w.numel() * 4 for w in weights)
+    fns = kernels(weights)
+    times = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+        f()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    print(f"{len(weights)} matrices, {nbytes / 1e6:.0f} MB fp32, {torch.get_num_threads()} threads, "
+          f"medians of {rounds} interleaved rounds\n")
+    print("| one-row kernel over every matrix | ms | GB/s |\n|---|---|---|")
+    for k, ts in times.items():
+        m = statistics.median(ts)
+        print(f"| {k} | {1000 * m:.2f} | {nbytes / m / 1e9:.1f} |")
+
+
+def decode(fast: FastTarget, prompt: torch.Tensor, n: int, rounds: int, split_mb: float) -> None:
+    from plain_vs_llamacpp import ours_tps
+
+    lins = list(fast.decoder.linears())
+    packings = {
+        "oneDNN": lambda lin: (ONEDNN,),
+        "MKL packed, 1 row": lambda lin: (1,),
+        f"MKL under {split_mb:g} MB, oneDNN above": lambda lin: (1,) if lin.weight.numel() * 4 < split_mb * 1e6
+        else (ONEDNN,),
+    }
+    tps = {k: [] for k in packings}
+
+    def pack(choose):
+        for lin in lins:
+            lin.pack(choose(lin))
+
+    for choose in packings.values():
+        pack(choose)
+        ours_tps(fast, prompt, 4)
+    for r in range(rounds):
+        for k, choose in packings.items():
+            pack(choose)
+            ours_tps(fast, prompt, 2)  # the first calls after packing page-fault
+            tps[k].append(ours_tps(fast, prompt, n))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in tps.items()), flush=True)
+    base = tps["oneDNN"]
+    print(f"\n{n} tokens, {torch.get_num_threads()} threads, {rounds} interleaved rounds, medians\n")
+    print("| packing | tok/s | x oneDNN |\n|---|---|---|")
+    for k, v in tps.items():
+        print(f"| {k} | {statistics.median(v):.1f} | {statistics.median([a / b for a, b in zip(v, base)]):.3f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--decode", action="store_true", help="decode with each packing instead of the kernel loop")
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--split", type=float, default=2.0, help="--decode: MB under which a matrix is MKL-packed")
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    if args.model is None:
+        from eagle3cli.core.realmodels import smollm2_dir
+
+        args.model = str(smollm2_dir())
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    if not args.decode:
+        kernel_loop(FastTarget(model, 16), args.rounds)
+        return
+    from plain_vs_llamacpp import prompt_ids
+
+    prompt = torch.tensor(prompt_ids(args.model))
+    decode(FastTarget(model, len(prompt) + args.n + 8), prompt, args.n, args.rounds, args.split)
+
+
+if __name__ == "__main__":
+    main()
