@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from eagle3cli.core.hf_utils import cache_kwargs
 from eagle3cli.data.chat_mask import end_of_turn_ids, render
+from eagle3cli.data.regen_rate import hf_step_seconds
 from eagle3cli.data.regenerate import GenSettings, prompt_turns, regen_dtype, regenerate_local
 from eagle3cli.data.sources import load_conversations
 from eagle3cli.decode.batch_decode import SlotTarget
@@ -52,19 +52,7 @@ def slot_step_bound(model, batch: int, prefix: int, dtype=None, repeats: int = 5
 
 def decode_step_bound(model, batch: int, prefix: int, repeats: int = 5) -> float:
     """Tokens/s of one decode step of ``batch`` rows after ``prefix`` cached tokens."""
-    from transformers import DynamicCache
-
-    ids = torch.randint(100, 1000, (batch, prefix))
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
-            ts.append(time.perf_counter() - t0)
-            cache.crop(-1)
-    return batch / sorted(ts)[len(ts) // 2]
+    return batch / hf_step_seconds(model, prefix, rows=batch, repeats=repeats)
 
 
 def agreement(model, tok, conversations) -> tuple[float, int]:

@@ -25,6 +25,30 @@ def median_seconds(fn, repeats: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def hf_step_seconds(model, prefix: int, rows: int = 1, repeats: int = 3) -> float:
+    """Median seconds of one Hugging Face decoding step of ``rows`` rows after ``prefix`` cached
+    tokens each: the cache is filled once from one row and copied to the others (a step costs the
+    same whatever the keys hold), and every timed step's entry is dropped again."""
+    import torch
+    from transformers import DynamicCache
+
+    from ..model.target import model_device
+
+    ids = torch.randint(3, 100, (1, prefix), device=model_device(model))
+    cache = DynamicCache(config=model.config)
+    kw = cache_kwargs(model, cache)
+    with torch.no_grad():
+        model(input_ids=ids, **kw, use_cache=True, logits_to_keep=1)
+        if rows > 1:
+            cache.batch_repeat_interleave(rows)
+        last = ids[:, -1:].expand(rows, -1)
+
+        def step():
+            model(input_ids=last, **kw, use_cache=True, logits_to_keep=1)
+            cache.crop(-1)
+        return median_seconds(step, repeats)
+
+
 def regen_bound(model, dtype_name: str | None, slots: int, prefix: int) -> float:
     """Generated tokens/s of one decode step of ``slots`` conversations after ``prefix`` tokens each,
     on the engine gen-data regenerates with: continuous batching where the target takes it, else
@@ -42,18 +66,7 @@ def regen_bound(model, dtype_name: str | None, slots: int, prefix: int) -> float
     dev = model_device(model)
     with torch.no_grad():
         if unsupported_reason(model) is not None:
-            from transformers import DynamicCache
-
-            ids = torch.randint(3, 100, (1, prefix), device=dev)
-            cache = DynamicCache(config=model.config)
-            model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)  # one row, then copied
-            cache.batch_repeat_interleave(slots)
-            ids = ids.expand(slots, -1)
-
-            def step():
-                model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
-                cache.crop(-1)
-            return slots / median_seconds(step, 3)
+            return slots / hf_step_seconds(model, prefix, rows=slots)
         target = SlotTarget(model, slots, prefix + 8, dtype=getattr(torch, dtype_name) if dtype_name else None)
         tokens = torch.randint(3, 100, (slots,), device=dev)
         lengths = torch.full((slots,), prefix, device=dev)

@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass, field
 from ..core import hardware
 from ..core.errors import Eagle3Error
 from ..core.estimate import mean_regenerated, minutes_text, regen_rate, regen_seconds, train_seconds
-from ..core.hf_utils import cache_kwargs
 from ..core.threads import choose_threads
-from ..data.regen_rate import median_seconds
+from ..data.regen_rate import hf_step_seconds, median_seconds
 
 
 class BudgetError(Eagle3Error, ValueError):
@@ -332,18 +331,7 @@ def forward_tokens_per_s(model, layer_ids, tokens: int) -> float:
 
 def decode_token_seconds(model, prefix: int = 128) -> float:
     """One plain decoding step of one row after ``prefix`` tokens (HF forward with a cache)."""
-    import torch
-    from transformers import DynamicCache
-
-    ids = torch.randint(3, 100, (1, prefix))
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
-
-        def step():
-            model(input_ids=ids[:, -1:], **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
-            cache.crop(-1)
-        return median_seconds(step, 3)
+    return hf_step_seconds(model, prefix)
 
 
 def data_lengths(tokenizer, conversations, max_new_tokens: int, max_length: int) -> tuple[float, float, float]:
