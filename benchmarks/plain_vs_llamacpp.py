@@ -1,7 +1,7 @@
 """Plain decoding, ours against llama.cpp's: same model, same dtype, interleaved, against the bound.
 
     PYTHONPATH=. python benchmarks/plain_vs_llamacpp.py --model $SMOL --llama-cpp LLAMA_CPP \
-        [--dtype float32,bfloat16] [--threads 2] [-n 64] [--rounds 7] [--ours onednn,mkl1,none] [--json out.json]
+        [--dtype float32,bfloat16] [--threads 2] [-n 64] [--rounds 7] [--ours native,onednn,mkl1,none] [--json out.json]
 
 A CPU user decodes with llama.cpp, so our plain decoding (the fast path's one-row forward, what
 a speculative cycle's verification is built from and what eval's ``baseline_fast`` runs) is read
@@ -9,7 +9,8 @@ against it. Per dtype: llama-server on the target's GGUF of that dtype (converte
 eagle3 cache by llama.cpp's converter, or --target-gguf-DTYPE) decodes -n tokens greedily after a
 chat prompt (``ignore_eos``; its own ``timings.predicted_ms``), and our fast path decodes -n tokens
 after the same prompt ids (its prompt pass untimed), each of our packings (``--ours``: oneDNN's
-prepacked linear, MKL packed for one row, unpacked F.linear) and llama.cpp in turn, --rounds
+prepacked linear, MKL packed for one row, unpacked F.linear, our compiled kernel: native_gemv)
+and llama.cpp in turn, --rounds
 times: a shared machine's load drifts between rounds and hits every contender alike. Medians
 and the ratio to llama.cpp's median, per round too (the firm number on a busy machine).
 
@@ -32,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eagle3cli.decode.fast_target import ONEDNN, FastTarget  # noqa: E402
+from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
 from eagle3cli.decode.generator import row_argmax  # noqa: E402
 from eagle3cli.evaluate.llamacpp import SERVER, Server, find_binary  # noqa: E402
 from eagle3cli.evaluate.llamacpp_baseline import OUTTYPES, cached_target_gguf  # noqa: E402
 
-PACKINGS = {"onednn": (ONEDNN,), "mkl1": (1,), "none": ()}
+PACKINGS = {"native": (NATIVE, ONEDNN), "onednn": (ONEDNN,), "mkl1": (1,), "none": ()}
 
 
 def cpu_line() -> str:
@@ -120,7 +121,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--ours", default="onednn,mkl1,none", help=f"comma list of {', '.join(PACKINGS)}")
+    ap.add_argument("--ours", default="native,onednn,mkl1,none", help=f"comma list of {', '.join(PACKINGS)}")
     for dt in OUTTYPES:
         ap.add_argument(f"--target-gguf-{dt}", default=None, help=f"the target's {dt} GGUF (default: converted)")
     ap.add_argument("--json", default=None)

@@ -25,7 +25,9 @@ a sequence outgrows it, up to max_len); keeping the accepted
 tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
-one copy for every row count; ``fast_tuning.tune_packing`` measures which is faster on this CPU. With bf16
+one copy for every row count, or our compiled kernel (``native_gemv``: a verification's few rows,
+at the memory's streaming rate, row-invariant); ``fast_tuning.tune_packing`` measures which is
+faster on this CPU. With bf16
 weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
 the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
 so that verifying is bitwise one-token decoding (``attention_dtype``, ``fast_tuning.row_invariant``).
@@ -41,6 +43,7 @@ import torch.nn.functional as F
 
 from ..core.hf_utils import text_config
 from .attention import kind_masks, layout
+from .native_gemv import MAX_ROWS as NATIVE_MAX_ROWS
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
 # Gemma 3: scaled embeddings, (1 + w) norms around both sublayers, q/k norms, per-layer-kind RoPE and
@@ -94,11 +97,13 @@ def unsupported_reason(model, families=SUPPORTED_TYPES) -> str | None:
 
 
 ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
+NATIVE = "native"  # a packing key: the compiled fp32 kernel of native_gemv for up to MAX_ROWS rows, no copy
 
 
 class Linear:
     """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
-    (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count."""
+    (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count, and/or our compiled
+    kernel (``NATIVE``: ``native_gemv``), which serves up to ``native_gemv.MAX_ROWS`` rows."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
         self.weight, self.bias = weight.contiguous(), bias
@@ -113,21 +118,30 @@ class Linear:
         "Verification cost")."""
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
+        if key == NATIVE:
+            from . import native_gemv
+
+            return native_gemv.supports(weight)
         if key == ONEDNN:
             onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
         return weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
 
     def pack(self, rows: tuple):
-        """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``);
-        the weight itself is kept as it is. Keys this CPU cannot pack are skipped."""
+        """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``;
+        ``NATIVE``, which reads the weight as it is); the weight itself is kept as it is. Keys this
+        CPU cannot pack are skipped."""
         self.packed = {}
         self.serving = {}  # row count -> the key serving it (``packed_for``), found once per count
         for m in rows:
             if not self.can_pack(self.weight, m):
                 continue
-            self.packed[m] = (torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if m == ONEDNN
-                              else torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m))
+            if m == NATIVE:
+                self.packed[m] = self.weight
+            elif m == ONEDNN:
+                self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            else:
+                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
 
     def packed_for(self, m: int) -> int | str | None:
         return serving_key(tuple(self.packed), m)
@@ -139,6 +153,10 @@ class Linear:
             key = self.serving[m] = self.packed_for(m)
         if key is None:
             return F.linear(x, self.weight, self.bias)
+        if key == NATIVE:
+            from .native_gemv import linear
+
+            return linear(x, self.weight, self.bias)
         if key == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], self.bias, "none", [], "")
         if key > m:
@@ -147,14 +165,17 @@ class Linear:
 
 
 def serving_key(keys: tuple, m: int) -> int | str | None:
-    """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else oneDNN's;
-    else (m > 1) the smallest MKL one for more rows, the input padded; None: plain F.linear.
-    One row is never padded up to a block: that costs what the block costs."""
+    """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else the native
+    kernel up to its row limit; else oneDNN's; else (m > 1) the smallest MKL one for more rows, the
+    input padded; None: plain F.linear. One row is never padded up to a block: that costs what the
+    block costs."""
     if m in keys:
         return m
+    if NATIVE in keys and m <= NATIVE_MAX_ROWS:
+        return NATIVE
     if ONEDNN in keys:
         return ONEDNN
-    return min((k for k in keys if k != ONEDNN and k > m), default=None) if m > 1 else None
+    return min((k for k in keys if isinstance(k, int) and k > m), default=None) if m > 1 else None
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .fast_target import ONEDNN, FastTarget, Linear, serving_key
+from .fast_target import NATIVE, NATIVE_MAX_ROWS, ONEDNN, FastTarget, Linear, serving_key
 from .tree import new_tree, verify_mask
 
 
@@ -57,12 +57,16 @@ def row_invariant(fast: FastTarget, rows: int, prefix: int = 24, seed: int = 0) 
 def packing_options(rows: int, weight: torch.Tensor) -> list[tuple]:
     """The packings ``tune_packing`` times for ``rows``-row verifications on this CPU: unpacked, MKL
     packed for ``rows`` and padded up to a multiple of 4 (fp32 with MKL), oneDNN prepacked (fp32
-    with oneDNN)."""
+    with oneDNN), the native kernel (fp32, built here, ``rows`` within its limit; oneDNN beside it
+    for the prompt's many rows)."""
     options = [()]
     if Linear.can_pack(weight):
         options += [(rows,)] + ([(-(-rows // 4) * 4,)] if rows % 4 else [])
-    if Linear.can_pack(weight, ONEDNN):
+    onednn = Linear.can_pack(weight, ONEDNN)
+    if onednn:
         options.append((ONEDNN,))
+    if rows <= NATIVE_MAX_ROWS and Linear.can_pack(weight, NATIVE):
+        options.append((NATIVE, ONEDNN) if onednn else (NATIVE,))
     return options
 
 
@@ -82,7 +86,7 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     for 3 cost more than 3 rows unpacked or packed for 4, and oneDNN's prepacked linear lost to
     MKL's, while on an AMD EPYC oneDNN's wins (docs/benchmarks.md, "Verification cost"). So: unpacked, MKL
     packed for ``rows`` or padded up to a multiple of 4, oneDNN; then one row, served as that
-    choice serves it, by MKL packed for one, or by oneDNN (the plain baseline must get the
+    choice serves it, by MKL packed for one, by oneDNN or by the native kernel (the plain baseline must get the
     fastest too, or speedups are overstated). Interleaved rounds (a shared machine's load drifts
     between rounds), the best median kept. Every option computes the same products up to fp32
     rounding; the cache is left holding garbage past position 0, which the next prefill overwrites.
@@ -98,8 +102,8 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     timing = dict(repeats=repeats, rounds=rounds, clock=clock)
     verify = _median_times(fast, options, new, pos, prefix, **timing)
     best = min(options, key=lambda o: (verify[o], str(o)))
-    # one row: as ``best`` serves it, or an extra copy (MKL for one row, or oneDNN) next to it
-    extra = [k for k in (1, ONEDNN) if k not in best and Linear.can_pack(fast.head.weight, k)]
+    # one row: as ``best`` serves it, or an extra copy (MKL for one row, oneDNN, the native kernel) next to it
+    extra = [k for k in (1, ONEDNN, NATIVE) if k not in best and Linear.can_pack(fast.head.weight, k)]
     single_options = [best] + [(k,) + best for k in extra]
     single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
     keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer

@@ -40,10 +40,11 @@ def verify_latency(target, ids, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), repe
 def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
                         repeats=3, decoder=None) -> dict[int, float]:
     """``verify_latency`` on the fast path: each size timed with every packing ``tune_packing`` would
-    try for it (MKL packed for that size, oneDNN), the fastest kept, as the run that follows will
+    try for it (MKL packed for that size, oneDNN, the native kernel up to its row limit), the fastest
+    kept, as the run that follows will
     pack (a packed GEMM's cost depends on the row count it is packed for). ``decoder``: the run's
     own ``fast_target.Decoder`` (left packed for the last size), else one built here."""
-    from ..decode.fast_target import ONEDNN, Decoder, FastTarget, Linear
+    from ..decode.fast_target import NATIVE, NATIVE_MAX_ROWS, ONEDNN, Decoder, FastTarget, Linear
 
     dev, past = ids.device, ids.shape[1]
     decoder = decoder or Decoder(target)  # fused once; each size only re-packs
@@ -59,7 +60,7 @@ def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24
     # size by size once made 2 rows look as slow as 32 and picked a 31-node tree).
     lat = dict.fromkeys(sizes, float("inf"))
 
-    def rounds():  # one packing serves every size
+    def rounds(sizes=sizes):  # one packing serves every size
         for n in sizes:
             once(n)  # warm: the first call after packing pays page faults
         for _ in range(repeats):
@@ -69,6 +70,9 @@ def verify_latency_fast(target, ids, max_len: int, sizes=(1, 2, 4, 8, 12, 16, 24
     if Linear.can_pack(decoder.head.weight, ONEDNN):
         decoder.repack((ONEDNN,))
         rounds()
+    if Linear.can_pack(decoder.head.weight, NATIVE):  # the native kernel serves the small sizes
+        decoder.repack((NATIVE,))
+        rounds([n for n in sizes if n <= NATIVE_MAX_ROWS])
     if not Linear.can_pack(decoder.head.weight):  # no MKL here (bf16 weights): unpacked too
         decoder.repack(())
         rounds()

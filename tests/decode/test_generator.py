@@ -585,6 +585,7 @@ def test_n_alpha_counts_conditional_acceptance():
 
 
 # ---- the fast path (fast_target.FastTarget): same model, static cache, packed matmuls ----
+from eagle3cli.decode import native_gemv  # noqa: E402
 from eagle3cli.decode.fast_target import FastTarget  # noqa: E402
 from eagle3cli.decode.tree import verify_mask  # noqa: E402
 
@@ -595,13 +596,16 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 
 @needs_onednn
-def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
+def test_tune_packing_keeps_the_fastest_option_for_every_matmul(monkeypatch):
     """tune_packing times unpacked, MKL packed for the row count or padded to a multiple of 4, and
     oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
-    matmul (the LM head included) the fastest way for both; the logits stay the model's."""
+    matmul (the LM head included) the fastest way for both; the logits stay the model's. (The
+    native kernel's place among them: the next test.)"""
+    from eagle3cli.decode import native_gemv
     from eagle3cli.decode.fast_target import ONEDNN, Linear
     from eagle3cli.decode.fast_tuning import tune_packing
 
+    monkeypatch.setattr(native_gemv, "supports", lambda weight: False)
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
     # a fake clock: each forward costs what its packing costs
@@ -649,11 +653,47 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul():
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(ONEDNN,)}
 
 
+@needs_onednn
+@pytest.mark.skipif(not native_gemv.available(), reason="no native kernel here")
+def test_tune_packing_offers_the_native_kernel_for_few_rows_and_keeps_it_where_fastest():
+    """The native kernel (oneDNN beside it for the prompt's rows) is one more option for a
+    verification within its row limit and for one row; where it measures fastest, every matmul
+    serves those sizes with it, and the logits stay the model's."""
+    from eagle3cli.decode.fast_target import NATIVE, ONEDNN
+    from eagle3cli.decode.fast_tuning import packing_options, tune_packing
+
+    target = tiny_model("llama")
+    fast = FastTarget(target, 128)
+    assert packing_options(3, fast.head.weight)[-1] == (NATIVE, ONEDNN)
+    assert (NATIVE, ONEDNN) not in packing_options(native_gemv.MAX_ROWS + 1, fast.head.weight)
+    cost = {(): 5.0, (3,): 9.0, (4,): 2.0, (ONEDNN,): 3.0, (NATIVE, ONEDNN): 1.0, (1, NATIVE, ONEDNN): 1.2}
+    now = [0.0]
+
+    def clock():
+        now[0] += cost[tuple(fast.head.packed)]
+        return now[0]
+
+    got = tune_packing(fast, 3, clock=clock)
+    assert got["packed_for"] == "native" and got["packing"] == [NATIVE, ONEDNN]
+    assert got["one_row"] == {"uses": "native", "ms": {"native": 1000.0, "1": 1200.0}}
+    assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(NATIVE, ONEDNN)}
+    assert [fast.head.packed_for(m) for m in (1, 3, native_gemv.MAX_ROWS, native_gemv.MAX_ROWS + 1)] == \
+        [NATIVE, NATIVE, NATIVE, ONEDNN]
+    ids = prompt(9, n=9)
+    with torch.no_grad():
+        fast.forward(ids[0, :6], torch.arange(6), 0)  # 6 rows: native
+        logits, _ = fast.forward(ids[0, 6:], torch.arange(6, 9), 6)
+        one, _ = fast.forward(ids[0, 6:7], torch.arange(6, 7), 6)
+        ref = target(input_ids=ids).logits[0]
+    torch.testing.assert_close(logits, ref[6:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one, ref[6:7], atol=1e-5, rtol=1e-5)
+
+
 def test_linear_packing_rule():
     """One row uses only a copy packed for one (padding it up to a block costs the block); more rows
     use their own, else the smallest larger one; else F.linear. A oneDNN copy serves every row count
     that has no MKL copy of its own, and computes the same products."""
-    from eagle3cli.decode.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.fast_target import NATIVE, ONEDNN, Linear
 
     w = torch.randn(8, 4)
     assert Linear(w, None, (4,)).packed_for(1) is None
@@ -669,6 +709,16 @@ def test_linear_packing_rule():
         assert [lin.packed_for(m) for m in (1, 2, 5, 17)] == [1, ONEDNN, ONEDNN, ONEDNN]
         torch.testing.assert_close(lin(x), x @ w.T + b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T + b, atol=1e-5, rtol=1e-5)
+    if native_gemv.available():  # the native kernel: up to its row limit, oneDNN or F.linear past it
+        b = torch.randn(8)
+        lin = Linear(w, b, (NATIVE, 4))
+        big = native_gemv.MAX_ROWS + 1
+        assert [lin.packed_for(m) for m in (1, 4, 5, big)] == [NATIVE, 4, NATIVE, None]
+        assert lin.packed[NATIVE] is lin.weight  # read as it is: no copy
+        xs = torch.randn(big, 4)
+        torch.testing.assert_close(lin(xs[:5]), xs[:5] @ w.T + b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lin(xs), xs @ w.T + b, atol=1e-5, rtol=1e-5)
+    assert Linear(w.bfloat16(), None, (NATIVE,)).packed == {}  # the kernel is fp32 only
     assert Linear(w.double(), None, (ONEDNN, 4)).packed == {}  # fp64: unpacked, not an error
     wb, xb = w.bfloat16(), x.bfloat16()
     lin = Linear(wb, None, (ONEDNN, 4))  # bf16: oneDNN only (MKL's packed GEMM is fp32)
@@ -719,13 +769,15 @@ def test_fast_target_matches_hf_forward(arch):
         torch.testing.assert_close(fast.v[:, :, :m], fresh.v[:, :, :m], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("packing", [(4, 13), ("onednn",)], ids=["mkl", "onednn"])
+@pytest.mark.parametrize("packing", [(4, 13), ("onednn",), ("native", "onednn")], ids=["mkl", "onednn", "native"])
 @pytest.mark.parametrize("arch", FAST_ARCHS)
 def test_fast_path_greedy_equality(arch, packing):
     """Speculative decoding on the fast path is token for token the HF target's greedy output,
-    with MKL's packed matmuls (4 rows padded, 13 exact) or oneDNN's."""
+    with MKL's packed matmuls (4 rows padded, 13 exact), oneDNN's, or the native kernel's."""
     target = tiny_model(arch)
     fast = FastTarget(target, 128, packed_rows=packing)
+    if "native" in packing and "native" not in fast.head.packed:
+        pytest.skip(f"native kernel: {native_gemv.status()}")
     accepted = fast_path_accepted(target, fast, seeds=(20, 21, 22), new_tokens=30, label=arch)
     assert accepted > 10  # the oracle's paths were accepted, so the kept cache was exercised
 
