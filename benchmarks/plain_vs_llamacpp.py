@@ -8,9 +8,9 @@ a speculative cycle's verification is built from and what eval's ``baseline_fast
 against it. Per dtype: llama-server on the target's GGUF of that dtype (converted once into the
 eagle3 cache by llama.cpp's converter, or --target-gguf-DTYPE) decodes -n tokens greedily after a
 chat prompt (``ignore_eos``; its own ``timings.predicted_ms``), and our fast path decodes -n tokens
-after the same prompt ids (its prompt pass untimed), each of our packings (``--ours``: oneDNN's
-prepacked linear, MKL packed for one row, unpacked F.linear, our compiled kernel: native_gemv)
-and llama.cpp in turn, --rounds
+after the same prompt ids (its prompt pass untimed), each of our packings (``--ours``: our compiled
+kernels, ``native``: each layer one call; oneDNN's prepacked linear, MKL packed for one row,
+unpacked F.linear, each with torch's ops around them) and llama.cpp in turn, --rounds
 times: a shared machine's load drifts between rounds and hits every contender alike. Medians
 and the ratio to llama.cpp's median, per round too (the firm number on a busy machine).
 
@@ -97,6 +97,11 @@ def ours_tps(fast: FastTarget, prompt: torch.Tensor, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def use(fast: FastTarget, ours: str):
+    """Pack for ``ours`` ("native": one-row steps then run each layer as one native kernel call)."""
+    fast.decoder.repack(PACKINGS[ours])
+
+
 def llama_tps(server: Server, prompt: list[int], n: int) -> float:
     r = server.complete(prompt, n, ignore_eos=True)
     t = r["timings"]
@@ -148,12 +153,12 @@ def main():
         with Server(binary, gguf, threads=args.threads, ctx=len(prompt) + args.n + 64) as server:
             llama_tps(server, prompt, 8)  # warm
             for o in ours:
-                fast.decoder.repack(PACKINGS[o])
+                use(fast, o)
                 ours_tps(fast, torch.tensor(prompt), 4)
             for r in range(args.rounds):
                 times["llama.cpp"].append(llama_tps(server, prompt, args.n))
                 for o in ours:
-                    fast.decoder.repack(PACKINGS[o])
+                    use(fast, o)
                     ours_tps(fast, torch.tensor(prompt), 2)  # the first calls after packing page-fault
                     times[f"ours/{o}"].append(ours_tps(fast, torch.tensor(prompt), args.n))
                 print(f"{dt} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in times.items()), flush=True)

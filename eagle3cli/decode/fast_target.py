@@ -25,7 +25,7 @@ a sequence outgrows it, up to max_len); keeping the accepted
 tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
 On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
 uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
-one copy for every row count, or our compiled kernel (``native_gemv``: a verification's few rows,
+one copy for every row count, or our compiled kernel (``native.Matrix``: a verification's few rows,
 at the memory's streaming rate, row-invariant); ``fast_tuning.tune_packing`` measures which is
 faster on this CPU. With bf16
 weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from ..core.hf_utils import text_config
 from .attention import kind_masks, layout
-from .native_gemv import MAX_ROWS as NATIVE_MAX_ROWS
+from . import native
+from .native import MAX_ROWS as NATIVE_MAX_ROWS
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
 # Gemma 3: scaled embeddings, (1 + w) norms around both sublayers, q/k norms, per-layer-kind RoPE and
@@ -97,13 +98,13 @@ def unsupported_reason(model, families=SUPPORTED_TYPES) -> str | None:
 
 
 ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
-NATIVE = "native"  # a packing key: the compiled fp32 kernel of native_gemv for up to MAX_ROWS rows, no copy
+NATIVE = "native"  # a packing key: the compiled fp32 kernel of ``native`` for up to its MAX_ROWS rows, no copy
 
 
 class Linear:
     """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
     (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count, and/or our compiled
-    kernel (``NATIVE``: ``native_gemv``), which serves up to ``native_gemv.MAX_ROWS`` rows."""
+    kernel (``NATIVE``: ``native.Matrix``), which serves up to ``native.MAX_ROWS`` rows."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
         self.weight, self.bias = weight.contiguous(), bias
@@ -119,9 +120,7 @@ class Linear:
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
         if key == NATIVE:
-            from . import native_gemv
-
-            return native_gemv.supports(weight)
+            return native.supports(weight)
         if key == ONEDNN:
             onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -137,7 +136,7 @@ class Linear:
             if not self.can_pack(self.weight, m):
                 continue
             if m == NATIVE:
-                self.packed[m] = self.weight
+                self.packed[m] = native.Matrix(self.weight, self.bias)
             elif m == ONEDNN:
                 self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             else:
@@ -146,17 +145,22 @@ class Linear:
     def packed_for(self, m: int) -> int | str | None:
         return serving_key(tuple(self.packed), m)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """``add`` (a residual stream): add + x W^T, rounded as that sum is; the native kernel adds it
+        as it writes its output (one op and one pass over the row fewer)."""
         m = x.shape[0]
         key = self.serving.get(m, False)
         if key is False:
             key = self.serving[m] = self.packed_for(m)
+        if key == NATIVE:
+            return self.packed[NATIVE](x, add)
+        y = self._matmul(x, key)
+        return y if add is None else add + y
+
+    def _matmul(self, x: torch.Tensor, key) -> torch.Tensor:
+        m = x.shape[0]
         if key is None:
             return F.linear(x, self.weight, self.bias)
-        if key == NATIVE:
-            from .native_gemv import linear
-
-            return linear(x, self.weight, self.bias)
         if key == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], self.bias, "none", [], "")
         if key > m:
@@ -247,19 +251,23 @@ class Layer:
         wq, wk, eps = self.qk_norms
         return self.rms(q, wq, eps), self.rms(k, wk, eps)
 
-    def attn_out(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """The residual stream after attention output ``o`` (already projected)."""
+    def attn_out(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention output ``attn`` (o_proj applied here)."""
         if self.res_mult is not None:  # Granite: residual + out * residual_multiplier, as HF writes it
-            return x + o * self.res_mult
-        return x + (o if self.post is None else _gemma_norm(o, self.post[0], self.eps))
+            return x + self.o(attn) * self.res_mult
+        if self.post is None:
+            return self.o(attn, add=x)
+        return x + _gemma_norm(self.o(attn), self.post[0], self.eps)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream after the MLP."""
         gu = self.gate_up(self.rms(x, self.ln2, self.eps))
-        y = self.down(self.act(gu[:, :self.inter]) * gu[:, self.inter:])
+        h = self.act(gu[:, :self.inter]) * gu[:, self.inter:]
         if self.res_mult is not None:
-            return x + y * self.res_mult
-        return x + (y if self.post is None else _gemma_norm(y, self.post[1], self.eps))
+            return x + self.down(h) * self.res_mult
+        if self.post is None:
+            return self.down(h, add=x)
+        return x + _gemma_norm(self.down(h), self.post[1], self.eps)
 
 
 class Decoder:
@@ -295,6 +303,7 @@ class Decoder:
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
         # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, "Verification cost").
         self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
+        self.packing = tuple(packed_rows)  # what ``repack`` last asked for
 
     def linears(self) -> list[Linear]:
         return [lin for layer in self.layers for lin in layer.linears()] + [self.head]
@@ -304,6 +313,7 @@ class Decoder:
         its row count); the fused weights are not copied again."""
         for lin in self.linears():
             lin.pack(rows)
+        self.packing = tuple(rows)
 
     def packable(self) -> bool:
         """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
@@ -371,6 +381,7 @@ class FastTarget:
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
         self.layout = layout(d.base.config)
+        self._native, self._native_for = None, ()  # native.OneRowLayers, and the packing they were decided for
         self.kv = None
         self._allocate(min(max_len, self.INITIAL_LEN))
 
@@ -403,8 +414,6 @@ class FastTarget:
         if past + n > self.kv.shape[3]:  # grow by doubling: a copy per doubling, not per token
             self._allocate(min(self.max_len, max(2 * self.kv.shape[3], past + n)))
         x = self.decoder.embed_ids(ids)  # [n, H]
-        rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, 2, hd / 2]
-                for kind, (cos, sin) in self.rope_signed.items()}
         if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
@@ -416,7 +425,13 @@ class FastTarget:
         nh, hd = self.n_heads, self.head_dim
         one_row = n == 1 and attn_mask is None and masks is None and self.attn_dtype == torch.float32 \
             and self.ONE_ROW_ATTENTION
-        for j, layer in enumerate(self.layers):
+        native_step = one_row and self._native_layers()
+        if native_step:
+            x = self._native_step(x, positions, past, want, hidden)
+        else:
+            rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, 2, hd / 2]
+                    for kind, (cos, sin) in self.rope_signed.items()}
+        for j, layer in enumerate(() if native_step else self.layers):
             if j in want:
                 hidden[j] = x[None]
             qkv = layer.qkv(layer.rms(x, layer.ln1, layer.eps))
@@ -426,7 +441,7 @@ class FastTarget:
             else:
                 layer_mask = attn_mask if masks is None else masks[self.layout.kinds[j]]
                 o = self._attend(qkv[:, :nh * hd], j, past + n, layer_mask, layer.scaling)
-            x = layer.mlp(layer.attn_out(x, layer.o(o)))
+            x = layer.mlp(layer.attn_out(x, o))
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
@@ -443,6 +458,36 @@ class FastTarget:
     # a verification must be bitwise one-token decoding (``attention_dtype``), so every row count
     # takes the same kernel.
     ONE_ROW_ATTENTION = True
+
+    # One-row decoding where every matmul is the native kernel's and the layers are Llama-shaped
+    # (fp32, no q/k norms, no sliding windows, no Gemma 3 or Granite extras): each layer is one call
+    # of ``native.OneRowLayer`` instead of about 30 tensor ops. Off: the torch ops below, with the
+    # native kernel for the matmuls (the two are compared in tests/decode/test_fast_decode.py).
+    NATIVE_LAYERS = True
+
+    def _native_layers(self) -> bool:
+        """Whether one-row steps run ``native.OneRowLayer``s under the decoder's current packing."""
+        packing = self.decoder.packing
+        if self._native_for != packing:
+            self._native_for, self._native = packing, None
+            plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
+            if (self.NATIVE_LAYERS and plain and not self.layout.windowed and self.decoder.embed_mult is None
+                    and self.attn_dtype == torch.float32 and all(NATIVE in lin.packed for lin in self.decoder.linears())):
+                self._native = [native.OneRowLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
+        return self._native is not None
+
+    def _native_step(self, x: torch.Tensor, positions: torch.Tensor, past: int, want: set, hidden: dict):
+        """The layers of a one-row step through the native kernel; x [1, H] is updated in place."""
+        cos, sin = self.rope_signed[None]
+        p = int(positions[0])
+        cos, sin = cos[p].view(-1), sin[p].view(-1)
+        x = x.contiguous()
+        scratch = torch.empty(self._native[0].scratch(past), dtype=torch.float32)
+        for j, layer in enumerate(self._native):
+            if j in want:
+                hidden[j] = x[None].clone()  # the kernel writes the stream in place
+            layer(x, cos, sin, self.kv_layers[j], past, scratch)
+        return x
 
     def _rope_and_cache(self, layer: Layer, qkv: torch.Tensor, rope: tuple, j: int, past: int):
         """Rotate q and k of ``qkv`` [n, q|k|v] in place (after Qwen3's and Gemma 3's q/k norms) and

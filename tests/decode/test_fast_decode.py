@@ -1,11 +1,13 @@
-"""The fast path's one-row decoding step: its attention (two batched matmuls, not SDPA) gives what
-the SDPA path gives, greedy decoding stays HF's, and low precision never takes it."""
+"""The fast path's one-row decoding step: its attention (the native kernel's, or two batched
+matmuls, not SDPA) gives what the SDPA path gives, greedy decoding stays HF's, and low precision
+never takes it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from eagle3cli.decode import native
 from eagle3cli.decode.fast_target import FastTarget
 from eagle3cli.decode.generator import greedy_generate
 from tests.helpers.tiny import tiny_model
@@ -43,6 +45,54 @@ def test_one_row_attention_equals_sdpa(arch, monkeypatch):
     assert len(calls) == expected  # and the reference did not
     torch.testing.assert_close(lean, sdpa, atol=1e-5, rtol=1e-5)
     assert torch.equal(lean.argmax(-1), sdpa.argmax(-1))
+
+
+@pytest.mark.skipif(not native.available(), reason="no native kernel here")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_native_one_row_layers_equal_the_torch_ops(arch, monkeypatch):
+    """Under the native packing a one-row step runs each Llama-shaped layer as one kernel call
+    (norms, RoPE, the cache write, attention, activation, residual adds); its logits, hidden states
+    and cache equal the torch ops' (same matmul kernel) and SDPA's. None where q/k norms (Qwen3),
+    sliding windows (tiny Mistral's) or Granite's multipliers need the torch ops."""
+    target = tiny_model(arch)
+    ids = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(4))
+    calls = []
+    real = native.OneRowLayer.__call__
+    monkeypatch.setattr(native.OneRowLayer, "__call__", lambda self, x, *a: calls.append(a[3]) or real(self, x, *a))
+    fast = FastTarget(target, 64, packed_rows=("native", "onednn"))
+    got = _decode_logits(fast, ids, 12)
+    plain = target.config.model_type in ("llama", "qwen2")
+    assert calls == ([9 + i for i in range(12) for _ in range(target.config.num_hidden_layers)] if plain else [])
+    for reference in ("torch ops", "sdpa"):
+        monkeypatch.setattr(FastTarget, "NATIVE_LAYERS", False)
+        monkeypatch.setattr(FastTarget, "ONE_ROW_ATTENTION", reference == "torch ops")
+        ref = FastTarget(target, 64, packed_rows=("native", "onednn"))
+        want = _decode_logits(ref, ids, 12)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        torch.testing.assert_close(fast.kv[:, :, :, :21], ref.kv[:, :, :, :21], atol=1e-6, rtol=1e-5)
+    monkeypatch.setattr(FastTarget, "NATIVE_LAYERS", True)
+    layers = (0, 1, target.config.num_hidden_layers)
+    one = torch.tensor([int(ids[0])])
+    with torch.inference_mode():
+        a_logits, a = fast.forward(one, torch.tensor([21]), 21, hidden_layers=layers)
+        b_logits, b = ref.forward(one, torch.tensor([21]), 21, hidden_layers=layers)
+    for j in layers:  # hidden states captured before the kernel wrote the stream in place
+        torch.testing.assert_close(a[j], b[j], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(a[0], a[1])
+
+
+def test_native_attention_refuses_what_it_cannot_read():
+    if not native.available():
+        pytest.skip("no native kernel here")
+    kv = torch.zeros(2, 1, 8, 4)
+    qkv, rope = torch.zeros(1, 12), torch.ones(4)
+    with pytest.raises(ValueError, match="slot 8"):
+        native.attend_one(qkv, rope, rope, kv, 8, 1, 1.0)
+    with pytest.raises(ValueError, match="fp32"):
+        native.attend_one(qkv.double(), rope, rope, kv, 0, 1, 1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        native.attend_one(qkv, rope, rope, kv.transpose(2, 3), 0, 1, 1.0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -182,3 +182,18 @@ def test_one_row_step_issues_a_third_fewer_ops_per_layer():
     # permute, copy_; attention: slice, view, slice, bmm, mul_, softmax, slice, bmm, view; o, add;
     # norm, gate_up, 2 slices, silu, mul, down, add (the former step: 51)
     assert per_layer["fast"] <= 32 and 1.4 * per_layer["fast"] <= per_layer["reference"], per_layer
+
+
+def test_native_one_row_step_issues_no_ops_per_layer():
+    """With the native packing a layer of a one-row step is one kernel call, which issues no
+    tensor op: a step's ops do not grow with its layers (the torch path: 32 a layer)."""
+    from eagle3cli.decode import native
+
+    if not native.available():
+        pytest.skip("no native kernel here")
+    counts = []
+    for layers in (2, 4):
+        fast = FastTarget(tiny_model("llama", num_hidden_layers=layers), 16, packed_rows=("native", ONEDNN))
+        counts.append(_ops_per_step(fast, fast.forward))
+    per_layer = (counts[1] - counts[0]) / 2
+    assert per_layer == 0 and counts[0] < 20, counts

@@ -585,7 +585,7 @@ def test_n_alpha_counts_conditional_acceptance():
 
 
 # ---- the fast path (fast_target.FastTarget): same model, static cache, packed matmuls ----
-from eagle3cli.decode import native_gemv  # noqa: E402
+from eagle3cli.decode import native  # noqa: E402
 from eagle3cli.decode.fast_target import FastTarget  # noqa: E402
 from eagle3cli.decode.tree import verify_mask  # noqa: E402
 
@@ -601,11 +601,11 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul(monkeypatch):
     oneDNN; then one row as that choice serves it, MKL packed for one, or oneDNN; and packs every
     matmul (the LM head included) the fastest way for both; the logits stay the model's. (The
     native kernel's place among them: the next test.)"""
-    from eagle3cli.decode import native_gemv
+    from eagle3cli.decode import native
     from eagle3cli.decode.fast_target import ONEDNN, Linear
     from eagle3cli.decode.fast_tuning import tune_packing
 
-    monkeypatch.setattr(native_gemv, "supports", lambda weight: False)
+    monkeypatch.setattr(native, "supports", lambda weight: False)
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
     # a fake clock: each forward costs what its packing costs
@@ -654,7 +654,7 @@ def test_tune_packing_keeps_the_fastest_option_for_every_matmul(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.skipif(not native_gemv.available(), reason="no native kernel here")
+@pytest.mark.skipif(not native.available(), reason="no native kernel here")
 def test_tune_packing_offers_the_native_kernel_for_few_rows_and_keeps_it_where_fastest():
     """The native kernel (oneDNN beside it for the prompt's rows) is one more option for a
     verification within its row limit and for one row; where it measures fastest, every matmul
@@ -665,7 +665,7 @@ def test_tune_packing_offers_the_native_kernel_for_few_rows_and_keeps_it_where_f
     target = tiny_model("llama")
     fast = FastTarget(target, 128)
     assert packing_options(3, fast.head.weight)[-1] == (NATIVE, ONEDNN)
-    assert (NATIVE, ONEDNN) not in packing_options(native_gemv.MAX_ROWS + 1, fast.head.weight)
+    assert (NATIVE, ONEDNN) not in packing_options(native.MAX_ROWS + 1, fast.head.weight)
     cost = {(): 5.0, (3,): 9.0, (4,): 2.0, (ONEDNN,): 3.0, (NATIVE, ONEDNN): 1.0, (1, NATIVE, ONEDNN): 1.2}
     now = [0.0]
 
@@ -677,7 +677,7 @@ def test_tune_packing_offers_the_native_kernel_for_few_rows_and_keeps_it_where_f
     assert got["packed_for"] == "native" and got["packing"] == [NATIVE, ONEDNN]
     assert got["one_row"] == {"uses": "native", "ms": {"native": 1000.0, "1": 1200.0}}
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(NATIVE, ONEDNN)}
-    assert [fast.head.packed_for(m) for m in (1, 3, native_gemv.MAX_ROWS, native_gemv.MAX_ROWS + 1)] == \
+    assert [fast.head.packed_for(m) for m in (1, 3, native.MAX_ROWS, native.MAX_ROWS + 1)] == \
         [NATIVE, NATIVE, NATIVE, ONEDNN]
     ids = prompt(9, n=9)
     with torch.no_grad():
@@ -709,12 +709,12 @@ def test_linear_packing_rule():
         assert [lin.packed_for(m) for m in (1, 2, 5, 17)] == [1, ONEDNN, ONEDNN, ONEDNN]
         torch.testing.assert_close(lin(x), x @ w.T + b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(torch.cat([lin(x[i:i + 1]) for i in range(5)]), x @ w.T + b, atol=1e-5, rtol=1e-5)
-    if native_gemv.available():  # the native kernel: up to its row limit, oneDNN or F.linear past it
+    if native.available():  # the native kernel: up to its row limit, oneDNN or F.linear past it
         b = torch.randn(8)
         lin = Linear(w, b, (NATIVE, 4))
-        big = native_gemv.MAX_ROWS + 1
+        big = native.MAX_ROWS + 1
         assert [lin.packed_for(m) for m in (1, 4, 5, big)] == [NATIVE, 4, NATIVE, None]
-        assert lin.packed[NATIVE] is lin.weight  # read as it is: no copy
+        assert lin.packed[NATIVE].weight is lin.weight  # read as it is: no copy
         xs = torch.randn(big, 4)
         torch.testing.assert_close(lin(xs[:5]), xs[:5] @ w.T + b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lin(xs), xs @ w.T + b, atol=1e-5, rtol=1e-5)
@@ -777,7 +777,7 @@ def test_fast_path_greedy_equality(arch, packing):
     target = tiny_model(arch)
     fast = FastTarget(target, 128, packed_rows=packing)
     if "native" in packing and "native" not in fast.head.packed:
-        pytest.skip(f"native kernel: {native_gemv.status()}")
+        pytest.skip(f"native kernel: {native.status()}")
     accepted = fast_path_accepted(target, fast, seeds=(20, 21, 22), new_tokens=30, label=arch)
     assert accepted > 10  # the oracle's paths were accepted, so the kept cache was exercised
 

@@ -155,9 +155,9 @@ def test_eval_tree_auto_picks_a_measured_tree(smol_tiny_dir, turns_file, tmp_pat
     assert tuned["one_row"]["uses"] in tuned["one_row"]["ms"]
     assert set(tuned["ms"]) <= {"none", str(tuned["rows"]), str(-(-tuned["rows"] // 4) * 4), "onednn", "native"}
     # one row: as the verification's packing serves it, and each one-row kernel it lacks beside it
-    from eagle3cli.decode import native_gemv
+    from eagle3cli.decode import native
 
-    kernels = {"1", "onednn"} | ({"native"} if native_gemv.available() else set())
+    kernels = {"1", "onednn"} | ({"native"} if native.available() else set())
     assert "onednn" in tuned["ms"] and set(tuned["one_row"]["ms"]) >= kernels - {tuned["packed_for"]}
 
 

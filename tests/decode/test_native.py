@@ -4,9 +4,9 @@ thread-invariance, and what happens where it cannot be built."""
 import pytest
 import torch
 
-from eagle3cli.decode import native_gemv
+from eagle3cli.decode import native
 
-needs_kernel = pytest.mark.skipif(not native_gemv.available(), reason=f"native kernel: {native_gemv.status()}")
+needs_kernel = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.status()}")
 
 # rows and cols around the kernel's blocks: 4 weight rows, 32 and 16 columns, leftovers of each
 SHAPES = [(960, 576), (64, 1536), (7, 33), (13, 48), (5, 16), (3, 7), (4, 32), (1, 1)]
@@ -19,9 +19,9 @@ def test_products_match_float64_and_f_linear(rows, cols, bias):
     g = torch.Generator().manual_seed(rows * 1000 + cols)
     w = torch.randn(rows, cols, generator=g)
     b = torch.randn(rows, generator=g) if bias else None
-    for m in (1, 2, 5, native_gemv.MAX_ROWS):
+    for m in (1, 2, 5, native.MAX_ROWS):
         x = torch.randn(m, cols, generator=g)
-        y = native_gemv.linear(x, w, b)
+        y = native.linear(x, w, b)
         ref = x.double() @ w.double().T + (b.double() if bias else 0)
         assert y.shape == (m, rows) and y.dtype == torch.float32
         torch.testing.assert_close(y.double(), ref, atol=1e-4 * cols ** 0.5, rtol=1e-5)
@@ -34,15 +34,15 @@ def test_each_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(r
     """A verification's rows get exactly the products one-row decoding gets."""
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(rows, cols, generator=g), torch.randn(rows, generator=g)
-    x = torch.randn(native_gemv.MAX_ROWS, cols, generator=g)
-    batch = native_gemv.linear(x, w, b)
+    x = torch.randn(native.MAX_ROWS, cols, generator=g)
+    batch = native.linear(x, w, b)
     for i in range(x.shape[0]):
-        assert torch.equal(native_gemv.linear(x[i:i + 1], w, b), batch[i:i + 1])
+        assert torch.equal(native.linear(x[i:i + 1], w, b), batch[i:i + 1])
     threads = torch.get_num_threads()
     try:
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            assert torch.equal(native_gemv.linear(x, w, b), batch)
+            assert torch.equal(native.linear(x, w, b), batch)
     finally:
         torch.set_num_threads(threads)
 
@@ -51,16 +51,16 @@ def test_each_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(r
 def test_refuses_more_rows_than_it_serves_or_a_wrong_width():
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match="rows"):
-        native_gemv.linear(torch.randn(native_gemv.MAX_ROWS + 1, 16), w)
+        native.linear(torch.randn(native.MAX_ROWS + 1, 16), w)
     with pytest.raises(ValueError, match="weight of"):
-        native_gemv.linear(torch.randn(1, 15), w)
+        native.linear(torch.randn(1, 15), w)
 
 
 @needs_kernel
 def test_non_contiguous_input_is_read_as_its_values():
     w = torch.randn(12, 40)
     x = torch.randn(40, 3).T  # [3, 40], not contiguous
-    assert torch.equal(native_gemv.linear(x, w), native_gemv.linear(x.contiguous(), w))
+    assert torch.equal(native.linear(x, w), native.linear(x.contiguous(), w))
 
 
 def test_off_switch_and_missing_compiler_leave_the_fast_path_on_its_other_kernels(monkeypatch, tmp_path):
@@ -68,37 +68,55 @@ def test_off_switch_and_missing_compiler_leave_the_fast_path_on_its_other_kernel
 
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
     try:
-        native_gemv.reset()
+        native.reset()
         monkeypatch.setenv("EAGLE3_NATIVE", "0")
-        assert not native_gemv.available() and native_gemv.status() == "off (EAGLE3_NATIVE=0)"
+        assert not native.available() and native.status() == "off (EAGLE3_NATIVE=0)"
         assert not Linear.can_pack(torch.randn(4, 4), NATIVE)
         lin = Linear(torch.randn(4, 4), None, (NATIVE,))
         assert lin.packed == {}  # skipped, not an error
-        native_gemv.reset()
+        native.reset()
         monkeypatch.delenv("EAGLE3_NATIVE")
-        monkeypatch.setattr(native_gemv.shutil, "which", lambda name: None)
-        assert native_gemv.kernel() is None and native_gemv.status() == "no C compiler (set CC)"
-        native_gemv.reset()
-        monkeypatch.setattr(native_gemv.shutil, "which", lambda name: "/bin/false")
+        monkeypatch.setattr(native.shutil, "which", lambda name: None)
+        assert native.kernel() is None and native.status() == "no C compiler (set CC)"
+        native.reset()
+        monkeypatch.setattr(native.shutil, "which", lambda name: "/bin/false")
         monkeypatch.setenv("CC", "/bin/false")
-        assert native_gemv.kernel() is None and native_gemv.status().startswith("not built: /bin/false failed")
+        assert native.kernel() is None and native.status().startswith("not built: /bin/false failed")
         assert not list((tmp_path / "native").glob("*.so")) and not list((tmp_path / "native").glob("*.c"))
     finally:
-        native_gemv.reset()
+        native.reset()
 
 
 @needs_kernel
 def test_the_library_is_cached_per_cpu_and_source(monkeypatch, tmp_path):
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
     try:
-        native_gemv.reset()
-        assert native_gemv.available()
+        native.reset()
+        assert native.available()
         built = list((tmp_path / "native").iterdir())
         assert [p.suffix for p in built] == [".so"]  # the source file is not left behind
         mtime = built[0].stat().st_mtime_ns
-        native_gemv.reset()
-        assert native_gemv.available() and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
-        monkeypatch.setattr(native_gemv, "_cpu_id", lambda: "another CPU")
-        assert native_gemv.library_path("cc") != built[0]
+        native.reset()
+        assert native.available() and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
+        monkeypatch.setattr(native, "_cpu_id", lambda: "another CPU")
+        assert native.library_path("cc") != built[0]
     finally:
-        native_gemv.reset()
+        native.reset()
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_residual_added_in_the_kernel_rounds_as_the_separate_sum(bias):
+    """``Matrix(w, b)(x, add=r)`` is bitwise ``r + Matrix(w, b)(x)``: the fast path folds its two
+    residual adds a layer into o_proj and down_proj without changing a bit."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(37, 70, generator=g)
+    b = torch.randn(37, generator=g) if bias else None
+    mat = native.Matrix(w, b)
+    for m in (1, 3, native.MAX_ROWS):
+        x, r = torch.randn(m, 70, generator=g), torch.randn(m, 37, generator=g) * 50
+        assert torch.equal(mat(x, add=r), r + mat(x))
+    with pytest.raises(ValueError, match="cannot run"):
+        native.Matrix(w.double())
+    with pytest.raises(ValueError, match="fp32 rows"):
+        mat(torch.randn(1, 70, dtype=torch.float64))

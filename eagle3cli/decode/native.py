@@ -1,0 +1,419 @@
+"""Compiled fp32 kernels for the fast path on a CPU: its few-row matmuls and one-row attention.
+
+A decoding step of a small target reads every weight once for one row of activations, so its
+speed is the memory's streaming rate. oneDNN's prepacked linear, the fastest torch kernel for one
+row, streams at about 0.8 of a plain ``sum()`` over the same matrices and sets up for 8-17 us
+before each call (121 calls a SmolLM2 step); llama.cpp's own loops run at the bound
+(docs/benchmarks.md, "Plain decoding against llama.cpp"). This module compiles, once per CPU and
+source, a plain loop nest that reads each weight row once and keeps four rows' dot products in
+flight, and calls it through ctypes on the tensors' memory.
+
+The matmul (``Matrix``) is row-invariant by construction: every (weight row, input row) dot product is accumulated in
+the same order (two 16-lane partial sums over alternating 16-column blocks, a fixed halving
+reduction, then the leftover columns), whatever the number of input rows or threads. So a
+verification's rows get bitwise the products one-row decoding gets.
+
+A one-row decoding step spends about 30 small tensor ops a layer besides its matmuls (norms,
+RoPE, the KV-cache write, attention over the cache, the activation, residual adds), each a few
+microseconds of dispatch for a few hundred multiply-adds: 2.7 ms of a SmolLM2 step. ``OneRowLayer``
+runs a whole Llama-shaped layer in one call: HF's RMSNorm formula in fp32, q and k rotated in
+place with RoPE's products as torch computes them (no fused multiply-add), k and v written into
+the cache, per query head the scaled scores over the cache, their softmax and the weighted sum of
+values (one thread: a few hundred keys), silu(gate) * up, and o_proj and down_proj adding into
+the residual stream; its matmuls are ``Matrix``'s kernel. Its norms, exponentials and attention
+sums round differently from torch's (about 1e-6 relative), as any other kernel would.
+
+The kernel is built with the system's C compiler (``$CC``, else ``cc``/``gcc``/``clang``) and
+OpenMP, linked to the libgomp torch itself loaded where torch ships one (one thread pool, not
+two), into ``$EAGLE3_CACHE/native``. Without a compiler, or with ``EAGLE3_NATIVE=0``, nothing is
+built and the fast path keeps oneDNN/MKL: ``available()`` says which, ``status()`` why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+MAX_ROWS = 16  # input rows it serves: beyond a verification's size a blocked GEMM computes faster
+
+SOURCE = r"""
+#include <math.h>
+#include <string.h>
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+static inline v16 ld(const float* p) { return *(const v16*)p; }
+
+/* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
+static inline float reduce(v16 a, v16 b) {
+    v16 s = a + b;
+    v8 l, h; memcpy(&l, &s, 32); memcpy(&h, (const char*)&s + 32, 32);
+    v8 s8 = l + h;
+    v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
+    v4 s4 = l4 + h4;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* dot products of weight rows w[0..3] (stride cols) with x: each row's sequence is dot1's */
+static inline void dot4(const float* w, long cols, const float* x, float* out) {
+    const float *w0 = w, *w1 = w + cols, *w2 = w + 2 * cols, *w3 = w + 3 * cols;
+    v16 z = {0}, a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+    long i = 0;
+    for (; i + 32 <= cols; i += 32) {
+        v16 x0 = ld(x + i), x1 = ld(x + i + 16);
+        a0 += ld(w0 + i) * x0; b0 += ld(w0 + i + 16) * x1;
+        a1 += ld(w1 + i) * x0; b1 += ld(w1 + i + 16) * x1;
+        a2 += ld(w2 + i) * x0; b2 += ld(w2 + i + 16) * x1;
+        a3 += ld(w3 + i) * x0; b3 += ld(w3 + i + 16) * x1;
+    }
+    if (i + 16 <= cols) {
+        v16 x0 = ld(x + i);
+        a0 += ld(w0 + i) * x0; a1 += ld(w1 + i) * x0; a2 += ld(w2 + i) * x0; a3 += ld(w3 + i) * x0;
+        i += 16;
+    }
+    float s0 = reduce(a0, b0), s1 = reduce(a1, b1), s2 = reduce(a2, b2), s3 = reduce(a3, b3);
+    for (; i < cols; i++) { s0 += w0[i] * x[i]; s1 += w1[i] * x[i]; s2 += w2[i] * x[i]; s3 += w3[i] * x[i]; }
+    out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
+}
+
+static inline float dot1(const float* w0, long cols, const float* x) {
+    v16 z = {0}, a0 = z, b0 = z;
+    long i = 0;
+    for (; i + 32 <= cols; i += 32) { a0 += ld(w0 + i) * ld(x + i); b0 += ld(w0 + i + 16) * ld(x + i + 16); }
+    if (i + 16 <= cols) { a0 += ld(w0 + i) * ld(x + i); i += 16; }
+    float s0 = reduce(a0, b0);
+    for (; i < cols; i++) s0 += w0[i] * x[i];
+    return s0;
+}
+
+#if defined(__clang__)
+#define NO_FMA
+#else
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+#endif
+
+/* RoPE on heads [heads, hd] in place: x * cos + swap(x) * sin_signed, each product rounded before
+   the sum, as torch's separate mul and add round them */
+NO_FMA static void rope(float* x, const float* cos, const float* sin, long heads, long hd) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    long half = hd / 2;
+    for (long h = 0; h < heads; h++) {
+        float* v = x + h * hd;
+        for (long d = 0; d < half; d++) {
+            float a = v[d], b = v[d + half];
+            float sa = b * sin[d], sb = a * sin[d + half];
+            float ca = a * cos[d], cb = b * cos[d + half];
+            v[d] = ca + sa;
+            v[d + half] = cb + sb;
+        }
+    }
+}
+
+static inline float dot(const float* a, const float* b, long n) {
+    v16 z = {0}, s = z, t = z;
+    long i = 0;
+    for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
+    if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
+    float r = reduce(s, t);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* One query row over one layer's cache kv [2, nkv, P, hd] (keys, then values) at slot past:
+   rotate q and k of qkv [q heads | k heads | v heads] in place, write k and v at slot past, and
+   out[nh * hd] = softmax(q K^T * scale) V per query head over slots 0..past (its KV group's).
+   scores: scratch of past + 1 floats. */
+void eagle3_attend_one(float* qkv, const float* cos, const float* sin, float* kv, long P, long past,
+                       long nh, long nkv, long hd, float scale, float* out, float* scores) {
+    rope(qkv, cos, sin, nh + nkv, hd);
+    float *kc = kv, *vc = kv + nkv * P * hd;
+    for (long g = 0; g < nkv; g++) {
+        memcpy(kc + (g * P + past) * hd, qkv + (nh + g) * hd, hd * sizeof(float));
+        memcpy(vc + (g * P + past) * hd, qkv + (nh + nkv + g) * hd, hd * sizeof(float));
+    }
+    long len = past + 1, group = nh / nkv;
+    for (long h = 0; h < nh; h++) {
+        const float* q = qkv + h * hd;
+        const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
+        float mx = -INFINITY, sum = 0.f;
+        for (long t = 0; t < len; t++) {
+            float s = dot(q, K + t * hd, hd) * scale;
+            scores[t] = s;
+            mx = s > mx ? s : mx;
+        }
+        for (long t = 0; t < len; t++) { scores[t] = expf(scores[t] - mx); sum += scores[t]; }
+        float* o = out + h * hd;
+        for (long d = 0; d < hd; d++) o[d] = 0.f;
+        for (long t = 0; t < len; t++) {
+            float p = scores[t] / sum;
+            const float* v = V + t * hd;
+            for (long d = 0; d < hd; d++) o[d] += p * v[d];
+        }
+    }
+}
+
+/* (x W^T + bias) then + add, rounded as those two separate operations would round */
+static inline float finish(float v, const float* bias, const float* add, long i, long rows, long r) {
+    if (bias) v = v + bias[r];
+    return add ? add[i * rows + r] + v : v;
+}
+
+/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: blocks of four
+   weight rows split statically over the threads, each block read once for all m input rows */
+void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long cols, long m,
+                     const float* bias, const float* add, int threads) {
+    long blocks = rows / 4;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long bi = 0; bi < blocks; bi++) {
+        long r = bi * 4;
+        for (long i = 0; i < m; i++) {
+            float o[4];
+            dot4(W + r * cols, cols, x + i * cols, o);
+            for (int k = 0; k < 4; k++) y[i * rows + r + k] = finish(o[k], bias, add, i, rows, r + k);
+        }
+    }
+    for (long r = blocks * 4; r < rows; r++)
+        for (long i = 0; i < m; i++)
+            y[i * rows + r] = finish(dot1(W + r * cols, cols, x + i * cols), bias, add, i, rows, r);
+}
+
+/* out = w * (x * rsqrt(mean(x^2) + eps)), HF's LlamaRMSNorm in fp32 */
+static void rmsnorm(const float* x, const float* w, float eps, long n, float* out) {
+    float r = 1.f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (long i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* One Llama-shaped decoder layer for one row, x [H] updated in place:
+   x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
+   scratch: max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter + past + 1 floats. */
+void eagle3_layer_one(float* x, long H, const float* ln1, const float* ln2, float eps,
+                      const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
+                      long inter, const float* cos, const float* sin, float* kv, long P, long past,
+                      long nh, long nkv, long hd, float scale, float* scratch, int threads) {
+    long nq = (nh + 2 * nkv) * hd;
+    float *h = scratch, *qkv = h + (H > inter ? H : inter), *attn = qkv + nq, *gu = attn + nh * hd;
+    float *scores = gu + 2 * inter;
+    rmsnorm(x, ln1, eps, H, h);
+    eagle3_gemv_f32(Wqkv, h, qkv, nq, H, 1, bqkv, 0, threads);
+    eagle3_attend_one(qkv, cos, sin, kv, P, past, nh, nkv, hd, scale, attn, scores);
+    eagle3_gemv_f32(Wo, attn, x, H, nh * hd, 1, 0, x, threads);
+    rmsnorm(x, ln2, eps, H, h);
+    eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, 1, 0, 0, threads);
+    for (long i = 0; i < inter; i++) { float g = gu[i]; h[i] = g / (1.f + expf(-g)) * gu[inter + i]; }
+    eagle3_gemv_f32(Wd, h, x, H, inter, 1, 0, x, threads);
+}
+"""
+
+# Contraction into fused multiply-adds is the compiler's default for C; pinned so that every build
+# of this source accumulates alike. No -ffast-math: it would let the compiler reorder the sums.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fopenmp"]
+
+_kernel = None  # the matmul
+_attend = None  # one-row attention
+_layer = None  # a whole one-row layer
+_status = "not built yet"
+
+
+def _compiler() -> str | None:
+    for cc in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang")):
+        if shutil.which(cc):
+            return cc
+    return None
+
+
+def _cpu_id() -> str:
+    """What a -march=native build depends on: the CPU's model and flags (a cache shared between
+    machines must not hand one CPU another's instructions)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def _torch_gomp() -> Path | None:
+    """torch's own libgomp, where its wheel ships one: linking to it shares torch's OpenMP threads."""
+    lib = Path(torch.__file__).parent / "lib"
+    found = sorted(lib.glob("libgomp*.so*"))
+    return found[0] if found else None
+
+
+def library_path(cc: str) -> Path:
+    from ..core.realmodels import cache_root
+
+    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), cc, _cpu_id(), torch.__version__]).encode())
+    return cache_root() / "native" / f"kernels-{key.hexdigest()[:16]}.so"
+
+
+def _build(cc: str, out: Path):
+    from ..core.io_utils import atomic_path
+
+    src = out.with_name(f"{out.stem}.{os.getpid()}.c")  # one per builder: two processes may build at once
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(SOURCE)
+    link = []
+    gomp = _torch_gomp()
+    if gomp is not None:  # resolve -fopenmp's libgomp to torch's copy (same soname), found at run time by rpath
+        link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}"]
+    try:
+        with atomic_path(out) as tmp:
+            proc = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src), *link, "-lm"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                lines = (proc.stderr or proc.stdout).strip().splitlines()
+                raise RuntimeError(f"{cc} failed: {lines[-1] if lines else proc.returncode}")
+    finally:
+        src.unlink(missing_ok=True)
+
+
+def reset():
+    """Forget the kernel and its status, so that the next call builds or loads it again."""
+    global _kernel, _attend, _layer, _status
+    _kernel, _attend, _layer, _status = None, None, None, "not built yet"
+
+
+def kernel():
+    """The compiled matmul (a ctypes function), built on first use with the attention kernel beside
+    it; None where they cannot be."""
+    global _kernel, _attend, _layer, _status
+    if _kernel is not None or _status != "not built yet":
+        return _kernel
+    if os.environ.get("EAGLE3_NATIVE", "1") == "0":
+        _status = "off (EAGLE3_NATIVE=0)"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _status = "no C compiler (set CC)"
+        return None
+    path = library_path(cc)
+    try:
+        if not path.exists():
+            _build(cc, path)
+        lib = ctypes.CDLL(str(path))
+        fn, attend, layer = lib.eagle3_gemv_f32, lib.eagle3_attend_one, lib.eagle3_layer_one
+    except (OSError, RuntimeError, AttributeError) as e:
+        _status = f"not built: {e}"
+        return None
+    ptr, long = ctypes.c_void_p, ctypes.c_long
+    fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
+    attend.argtypes = [ptr] * 4 + [long] * 5 + [ctypes.c_float, ptr, ptr]
+    flt = ctypes.c_float
+    layer.argtypes = [ptr, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 3 + [long] * 5 + [flt, ptr, ctypes.c_int]
+    fn.restype = attend.restype = layer.restype = None
+    _kernel, _attend, _layer, _status = fn, attend, layer, f"built with {cc} ({path.name})"
+    return _kernel
+
+
+def available() -> bool:
+    return kernel() is not None
+
+
+def status() -> str:
+    """Whether the kernel is in use, and why not where it is not."""
+    kernel()
+    return _status
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """Whether ``linear`` can run this weight: fp32, contiguous, on a CPU, with the kernel built."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
+            and available())
+
+
+class Matrix:
+    """A weight (and bias) bound to the kernel, its pointers and shape read once: a decoding step
+    calls it 121 times (SmolLM2), where a few microseconds of Python per call add up."""
+
+    __slots__ = ("weight", "bias", "rows", "cols", "_w", "_b")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        if not supports(weight):
+            raise ValueError(f"the native kernel cannot run a {weight.dtype} weight on {weight.device}: {status()}")
+        self.weight, self.bias = weight, None if bias is None else bias.detach().float().contiguous()
+        self.rows, self.cols = weight.shape
+        self._w = weight.data_ptr()
+        self._b = None if self.bias is None else self.bias.data_ptr()
+
+    def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """add + (x [m, cols] W^T + b) for m <= MAX_ROWS: [m, rows], fp32, on torch's thread count.
+        ``add`` [m, rows] (a residual stream) is added as ``add + linear(x)`` would add it."""
+        m = x.shape[0]
+        if m > MAX_ROWS or x.dim() != 2 or x.shape[1] != self.cols or x.dtype != torch.float32:
+            raise ValueError(f"native linear: {tuple(x.shape)} {x.dtype} rows against a weight of "
+                             f"{(self.rows, self.cols)} (at most {MAX_ROWS} fp32 rows)")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if add is not None and (add.shape != (m, self.rows) or add.dtype != torch.float32 or not add.is_contiguous()):
+            add = add.float().contiguous().expand(m, self.rows).contiguous()
+        y = torch.empty(m, self.rows, dtype=torch.float32)
+        _kernel(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
+                None if add is None else add.data_ptr(), torch.get_num_threads())
+        return y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, cols] W^T (+ b) for m <= MAX_ROWS: [m, rows] (``Matrix`` binds a weight once)."""
+    return Matrix(weight, bias)(x)
+
+
+def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, past: int,
+               n_heads: int, scale: float) -> torch.Tensor:
+    """One query row's attention over one layer's cache, RoPE and the cache write included.
+
+    ``qkv`` [1, (nh + 2 nkv) hd] fp32 (q and k are rotated in place, as the torch path does),
+    ``cos``/``sin`` [hd] the position's rows of the fast path's tables (sin with its first half
+    negated), ``kv`` [2, nkv, P, hd] the layer's cache (k and v written at slot ``past``). Returns
+    [1, nh * hd]: softmax(q K^T * scale) V over slots 0..past, each query head with its group's."""
+    _, nkv, positions, hd = kv.shape
+    if not (qkv.is_contiguous() and kv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("native attention: qkv, the cache and the RoPE rows must be contiguous")
+    if qkv.dtype != torch.float32 or kv.dtype != torch.float32 or past >= positions:
+        raise ValueError(f"native attention: fp32 only, and slot {past} within the cache's {positions}")
+    out = torch.empty(1, n_heads * hd, dtype=torch.float32)
+    scores = torch.empty(past + 1, dtype=torch.float32)
+    _attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), positions, past, n_heads, nkv, hd,
+            scale, out.data_ptr(), scores.data_ptr())
+    return out
+
+
+class OneRowLayer:
+    """A Llama-shaped decoder layer (``fast_target.Layer``: RMSNorms, fused q|k|v with optional bias,
+    o, fused gate|up with silu, down) bound to ``eagle3_layer_one`` for one-row steps."""
+
+    __slots__ = ("ptrs", "hidden", "inter", "eps", "scale", "keep", "shape")
+
+    def __init__(self, layer, n_heads: int, n_kv: int, head_dim: int):
+        tensors = [layer.ln1, layer.ln2, layer.qkv.weight, layer.qkv.bias, layer.o.weight,
+                   layer.gate_up.weight, layer.down.weight]
+        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
+            raise ValueError("native layer: fp32 contiguous weights only")
+        self.keep = tensors  # the pointers below are into these
+        self.ptrs = [None if t is None else t.data_ptr() for t in tensors]
+        self.hidden, self.inter = layer.ln1.shape[0], layer.inter
+        self.eps, self.scale = float(layer.eps), float(layer.scaling)
+        self.shape = (n_heads, n_kv, head_dim)
+
+    def scratch(self, past: int) -> int:
+        """Floats of scratch a step at slot ``past`` needs."""
+        nh, nkv, hd = self.shape
+        return max(self.hidden, self.inter) + (nh + 2 * nkv) * hd + nh * hd + 2 * self.inter + past + 1
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, past: int,
+                 scratch: torch.Tensor):
+        """x [1, H] fp32 contiguous, updated in place; ``cos``/``sin`` [hd] the position's rows (sin
+        with its first half negated); kv [2, nkv, P, hd] the layer's cache, written at slot ``past``."""
+        ln1, ln2, wqkv, bqkv, wo, wgu, wd = self.ptrs
+        nh, nkv, hd = self.shape
+        _layer(x.data_ptr(), self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
+               cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.shape[2], past, nh, nkv, hd, self.scale,
+               scratch.data_ptr(), torch.get_num_threads())
