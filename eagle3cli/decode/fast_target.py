@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from ..core.hf_utils import text_config
-from .attention import kind_masks, layout
 from . import native
+from .attention import kind_masks, layout
 from .native import MAX_ROWS as NATIVE_MAX_ROWS
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # Llama-shaped layers: the fast path and continuous batching
@@ -471,8 +471,9 @@ class FastTarget:
         if self._native_for != packing:
             self._native_for, self._native = packing, None
             plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
-            if (self.NATIVE_LAYERS and plain and not self.layout.windowed and self.decoder.embed_mult is None
-                    and self.attn_dtype == torch.float32 and all(NATIVE in lin.packed for lin in self.decoder.linears())):
+            packed = all(NATIVE in lin.packed for lin in self.decoder.linears())
+            if (self.NATIVE_LAYERS and plain and packed and not self.layout.windowed
+                    and self.decoder.embed_mult is None and self.attn_dtype == torch.float32):
                 self._native = [native.OneRowLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
         return self._native is not None
 
