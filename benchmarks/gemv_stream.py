@@ -11,8 +11,10 @@ tensors (what a pure read costs, one call each) and over one buffer of their tot
 streaming rate with no call boundaries). Medians of --rounds; GB/s = weight bytes / time.
 
 ``--decode``: the fast path decoding -n tokens greedily after a chat prompt, with every matmul
-oneDNN-prepacked, every one MKL-packed for one row, and MKL for the matrices under --split MB with
-oneDNN for the rest, interleaved --rounds times; medians and ratios to oneDNN.
+oneDNN-prepacked, under the native packing (each layer one compiled call: ``decode.native``), every
+one MKL-packed for one row, and MKL for the matrices under --split MB with oneDNN for the rest,
+interleaved --rounds times; medians and ratios to oneDNN. The kernel loop has the native matmul
+(``native.Matrix``) as its first row where it is built here.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from eagle3cli.decode.fast_target import ONEDNN, FastTarget  # noqa: E402
+from eagle3cli.decode import native  # noqa: E402
+from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
 
 
 def kernels(weights: list[torch.Tensor]) -> dict:
@@ -41,7 +44,11 @@ def kernels(weights: list[torch.Tensor]) -> dict:
     transposed = [w.t().contiguous() for w in weights]
     linear = torch.ops.mkldnn._linear_pointwise.default
     big = torch.ones(sum(w.numel() for w in weights))
-    return {
+    fns = {}
+    if native.available():
+        mats = [native.Matrix(w) for w in weights]
+        fns["native (eagle3's kernel)"] = lambda: [m(one[m.cols]) for m in mats]
+    return fns | {
         "oneDNN prepacked": lambda: [linear(one[w.shape[1]], p, None, "none", [], "") for w, p in zip(weights, onednn)],
         "oneDNN packed for batch 1": lambda: [linear(one[w.shape[1]], p, None, "none", [], "")
                                               for w, p in zip(weights, onednn_b1)],
@@ -83,6 +90,7 @@ def decode(fast: FastTarget, prompt: torch.Tensor, n: int, rounds: int, split_mb
     lins = list(fast.decoder.linears())
     packings = {
         "oneDNN": lambda lin: (ONEDNN,),
+        **({"native (each layer one call)": lambda lin: (NATIVE, ONEDNN)} if native.available() else {}),
         "MKL packed, 1 row": lambda lin: (1,),
         f"MKL under {split_mb:g} MB, oneDNN above": lambda lin: (1,) if lin.weight.numel() * 4 < split_mb * 1e6
         else (ONEDNN,),

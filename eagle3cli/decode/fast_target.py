@@ -101,6 +101,9 @@ ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for
 NATIVE = "native"  # a packing key: the compiled fp32 kernel of ``native`` for up to its MAX_ROWS rows, no copy
 
 
+_packings = 0  # how many times any Linear was (re)packed: FastTarget's cue to re-decide its native layers
+
+
 class Linear:
     """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
     (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count, and/or our compiled
@@ -130,6 +133,8 @@ class Linear:
         """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``;
         ``NATIVE``, which reads the weight as it is); the weight itself is kept as it is. Keys this
         CPU cannot pack are skipped."""
+        global _packings
+        _packings += 1  # any FastTarget over this matmul decides its native layers again
         self.packed = {}
         self.serving = {}  # row count -> the key serving it (``packed_for``), found once per count
         for m in rows:
@@ -303,7 +308,6 @@ class Decoder:
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
         # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, "Verification cost").
         self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
-        self.packing = tuple(packed_rows)  # what ``repack`` last asked for
 
     def linears(self) -> list[Linear]:
         return [lin for layer in self.layers for lin in layer.linears()] + [self.head]
@@ -313,7 +317,6 @@ class Decoder:
         its row count); the fused weights are not copied again."""
         for lin in self.linears():
             lin.pack(rows)
-        self.packing = tuple(rows)
 
     def packable(self) -> bool:
         """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
@@ -381,7 +384,7 @@ class FastTarget:
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
         self.layout = layout(d.base.config)
-        self._native, self._native_for = None, ()  # native.OneRowLayers, and the packing they were decided for
+        self._native, self._native_for = None, -1  # native.OneRowLayers, and the packing count they were decided at
         self.kv = None
         self._allocate(min(max_len, self.INITIAL_LEN))
 
@@ -466,10 +469,9 @@ class FastTarget:
     NATIVE_LAYERS = True
 
     def _native_layers(self) -> bool:
-        """Whether one-row steps run ``native.OneRowLayer``s under the decoder's current packing."""
-        packing = self.decoder.packing
-        if self._native_for != packing:
-            self._native_for, self._native = packing, None
+        """Whether one-row steps run ``native.OneRowLayer``s under the matmuls' current packing."""
+        if self._native_for != _packings:
+            self._native_for, self._native = _packings, None
             plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
             packed = all(NATIVE in lin.packed for lin in self.decoder.linears())
             if (self.NATIVE_LAYERS and plain and packed and not self.layout.windowed

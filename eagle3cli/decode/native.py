@@ -272,8 +272,37 @@ def _build(cc: str, out: Path):
             if proc.returncode != 0:
                 lines = (proc.stderr or proc.stdout).strip().splitlines()
                 raise RuntimeError(f"{cc} failed: {lines[-1] if lines else proc.returncode}")
+            _self_test(tmp)
     finally:
         src.unlink(missing_ok=True)
+
+
+SELF_TEST = r"""
+import ctypes, sys
+import torch
+fn = ctypes.CDLL(sys.argv[1]).eagle3_gemv_f32
+fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+g = torch.Generator().manual_seed(0)
+for rows, cols, m in ((37, 70, 3), (64, 576, 1)):
+    w, x, b = torch.randn(rows, cols, generator=g), torch.randn(m, cols, generator=g), torch.randn(rows, generator=g)
+    y = torch.empty(m, rows)
+    fn(w.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, m, b.data_ptr(), None, 2)
+    ref = (x.double() @ w.double().T + b.double()).float()
+    if not torch.allclose(y, ref, atol=1e-3, rtol=1e-4):
+        sys.exit(f"products off by {(y - ref).abs().max():.3g}")
+"""
+
+
+def _self_test(library: Path):
+    """Run the freshly built kernel on small products in a child process, against float64 torch:
+    a build whose instructions this CPU (or VM) does not run kills the child, not the caller."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", SELF_TEST, str(library)], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeError(f"self-test failed ({proc.returncode}): {lines[-1] if lines else 'no output'}")
 
 
 def reset():
@@ -301,7 +330,7 @@ def kernel():
             _build(cc, path)
         lib = ctypes.CDLL(str(path))
         fn, attend, layer = lib.eagle3_gemv_f32, lib.eagle3_attend_one, lib.eagle3_layer_one
-    except (OSError, RuntimeError, AttributeError) as e:
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
         _status = f"not built: {e}"
         return None
     ptr, long = ctypes.c_void_p, ctypes.c_long

@@ -116,3 +116,19 @@ def test_low_precision_and_masked_rows_keep_sdpa(monkeypatch):
     fp32 = FastTarget(tiny_model("llama"), 64)
     fp32.forward(torch.arange(5), torch.arange(5), 0)
     fp32.forward(torch.tensor([7]), torch.tensor([5]), 5, mask=torch.ones(1, 6, dtype=torch.bool))
+
+
+@pytest.mark.skipif(not native.available(), reason="no native kernel here")
+def test_native_layers_follow_the_matmuls_packing():
+    """The native layers run exactly while every matmul is packed for the native kernel: repacking
+    the decoder, or one matmul alone, switches a FastTarget to the torch ops and back."""
+    from eagle3cli.decode.fast_target import NATIVE, ONEDNN
+
+    fast = FastTarget(tiny_model("llama"), 32, packed_rows=(NATIVE, ONEDNN))
+    assert fast._native_layers()
+    fast.decoder.repack((ONEDNN,))
+    assert not fast._native_layers()
+    fast.decoder.repack((NATIVE, ONEDNN))
+    assert fast._native_layers()
+    fast.layers[1].down.pack((ONEDNN,))
+    assert not fast._native_layers()

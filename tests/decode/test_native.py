@@ -82,7 +82,24 @@ def test_off_switch_and_missing_compiler_leave_the_fast_path_on_its_other_kernel
         monkeypatch.setattr(native.shutil, "which", lambda name: "/bin/false")
         monkeypatch.setenv("CC", "/bin/false")
         assert native.kernel() is None and native.status().startswith("not built: /bin/false failed")
-        assert not list((tmp_path / "native").glob("*.so")) and not list((tmp_path / "native").glob("*.c"))
+        assert not list((tmp_path / "native").iterdir())  # neither a library nor its source left
+    finally:
+        native.reset()
+
+
+@needs_kernel
+def test_a_build_that_fails_its_self_test_is_not_used_nor_kept(monkeypatch, tmp_path):
+    """A fresh build runs small products in a child process first (a CPU or VM that does not run
+    its instructions kills the child); one that fails is discarded and the fast path keeps oneDNN."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
+    try:
+        native.reset()
+        monkeypatch.setattr(native, "SELF_TEST", "import os; os.abort()")
+        assert native.kernel() is None and native.status().startswith("not built: self-test failed (-6)")
+        assert not list((tmp_path / "native").iterdir())
+        native.reset()
+        monkeypatch.setattr(native, "SELF_TEST", "import sys; sys.exit('products off by 1.0')")
+        assert native.kernel() is None and native.status().endswith("products off by 1.0")
     finally:
         native.reset()
 
