@@ -29,7 +29,7 @@ class QuantLinear:
     Built from ``source`` (the weight in the draft's own precision) for inputs in ``dtype`` (the
     step's compute dtype; default ``source``'s), which the scales and outputs are in. Only the
     integer weight is kept: no full-precision copy stays resident. Quacks like
-    ``fast_target.Linear`` where ``FastDraft`` needs it: ``pack`` (nothing to pack: the integer
+    ``packing.Linear`` where ``FastDraft`` needs it: ``pack`` (nothing to pack: the integer
     layout is already the kernel's)."""
 
     kind = ""

@@ -1,0 +1,101 @@
+"""The fast path's matmuls on a CPU: y = x W^T (+ b) through whichever kernel serves a row count
+fastest here, chosen by ``fast_tuning.tune_packing``: MKL's packed GEMM (specialised for a row
+count), oneDNN's prepacked linear (one copy for every row count), or eagle3's compiled kernel
+(``native.Matrix``: up to its MAX_ROWS rows, at the memory's streaming rate, row-invariant)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import native
+from .native import MAX_ROWS as NATIVE_MAX_ROWS
+
+ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
+NATIVE = "native"  # a packing key: the compiled fp32 kernel of ``native`` for up to its MAX_ROWS rows, no copy
+
+
+packings = 0  # how many times any Linear was (re)packed: FastTarget's cue to re-decide its native layers
+
+
+class Linear:
+    """y = x W^T (+ b); on a CPU in fp32, a prepacked GEMM: MKL's for the row counts asked for
+    (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count, and/or our compiled
+    kernel (``NATIVE``: ``native.Matrix``), which serves up to ``native.MAX_ROWS`` rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
+        self.weight, self.bias = weight.contiguous(), bias
+        self.pack(packed_rows)
+
+    @staticmethod
+    def can_pack(weight: torch.Tensor, key: int | str = 1) -> bool:
+        """Whether ``weight`` packs for ``key`` here, on a CPU: MKL's packed GEMM (an int key; fp32)
+        or oneDNN's prepacked linear (``ONEDNN``; what inductor's CPU freezing uses without MKL; fp32,
+        or bf16 where oneDNN has bf16 kernels). Unpacked, a bf16 matmul reorders its weight into
+        oneDNN's blocked layout on every call, which prepacking saves (docs/benchmarks.md,
+        "Verification cost")."""
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        if key == NATIVE:
+            return native.supports(weight)
+        if key == ONEDNN:
+            onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return weight.dtype == torch.float32 and hasattr(torch.ops.mkl, "_mkl_linear")
+
+    def pack(self, rows: tuple):
+        """Replace the packed copies with ones for ``rows`` (ints: MKL for that many rows; ``ONEDNN``;
+        ``NATIVE``, which reads the weight as it is); the weight itself is kept as it is. Keys this
+        CPU cannot pack are skipped."""
+        global packings
+        packings += 1  # any FastTarget over this matmul decides its native layers again
+        self.packed = {}
+        self.serving = {}  # row count -> the key serving it (``packed_for``), found once per count
+        for m in rows:
+            if not self.can_pack(self.weight, m):
+                continue
+            if m == NATIVE:
+                self.packed[m] = native.Matrix(self.weight, self.bias)
+            elif m == ONEDNN:
+                self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            else:
+                self.packed[m] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, m)
+
+    def packed_for(self, m: int) -> int | str | None:
+        return serving_key(tuple(self.packed), m)
+
+    def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """``add`` (a residual stream): add + x W^T, rounded as that sum is; the native kernel adds it
+        as it writes its output (one op and one pass over the row fewer)."""
+        m = x.shape[0]
+        key = self.serving.get(m, False)
+        if key is False:
+            key = self.serving[m] = self.packed_for(m)
+        if key == NATIVE:
+            return self.packed[NATIVE](x, add)
+        y = self._matmul(x, key)
+        return y if add is None else add + y
+
+    def _matmul(self, x: torch.Tensor, key) -> torch.Tensor:
+        m = x.shape[0]
+        if key is None:
+            return F.linear(x, self.weight, self.bias)
+        if key == ONEDNN:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], self.bias, "none", [], "")
+        if key > m:
+            x = torch.cat([x, x.new_zeros(key - m, x.shape[1])])
+        return torch.ops.mkl._mkl_linear(x, self.packed[key], self.weight, self.bias, key)[:m]
+
+
+def serving_key(keys: tuple, m: int) -> int | str | None:
+    """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else the native
+    kernel up to its row limit; else oneDNN's; else (m > 1) the smallest MKL one for more rows, the
+    input padded; None: plain F.linear. One row is never padded up to a block: that costs what the
+    block costs."""
+    if m in keys:
+        return m
+    if NATIVE in keys and m <= NATIVE_MAX_ROWS:
+        return NATIVE
+    if ONEDNN in keys:
+        return ONEDNN
+    return min((k for k in keys if isinstance(k, int) and k > m), default=None) if m > 1 else None
