@@ -295,7 +295,9 @@ class FastTarget:
         self.attn_dtype = attention_dtype(self.embed.dtype, self.embed.device)
         # sliding windows (Mistral's every layer, Gemma 3's per layer): in the masks, by each row's position
         self.layout = layout(d.base.config)
-        self._native, self._native_for = None, -1  # native.OneRowLayers, and the packing count they were decided at
+        # native.NativeLayers, the packing count they were decided at, and which row counts take them
+        self._native, self._native_for, self._native_rows = None, -1, {}
+        self._rope_flat = tuple(t.reshape(-1, self.head_dim) for t in self.rope_signed.get(None, ()))
         self.kv = None
         self._allocate(min(max_len, self.INITIAL_LEN))
 
@@ -328,34 +330,11 @@ class FastTarget:
         if past + n > self.kv.shape[3]:  # grow by doubling: a copy per doubling, not per token
             self._allocate(min(self.max_len, max(2 * self.kv.shape[3], past + n)))
         x = self.decoder.embed_ids(ids)  # [n, H]
-        if mask is None and n > 1:
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
-        # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
-        # attention, and less time per verification)
-        attn_mask = None if mask is None else self._additive(mask)
-        masks = self._window_masks(mask, positions, past, n) if self.layout.windowed else None
-        hidden = {}
-        want = set(hidden_layers)
-        nh, hd = self.n_heads, self.head_dim
-        one_row = n == 1 and attn_mask is None and masks is None and self.attn_dtype == torch.float32 \
-            and self.ONE_ROW_ATTENTION
-        native_step = one_row and self._native_layers()
-        if native_step:
-            x = self._native_step(x, positions, past, want, hidden)
+        hidden, want = {}, set(hidden_layers)
+        if self._native_layers(n):
+            x = self._native_step(x, positions, past, mask, want, hidden)
         else:
-            rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, 2, hd / 2]
-                    for kind, (cos, sin) in self.rope_signed.items()}
-        for j, layer in enumerate(() if native_step else self.layers):
-            if j in want:
-                hidden[j] = x[None]
-            qkv = layer.qkv(layer.rms(x, layer.ln1, layer.eps))
-            self._rope_and_cache(layer, qkv, rope[layer.kind if layer.gemma else None], j, past)
-            if one_row:
-                o = self._attend_one(qkv[:, :nh * hd], j, past + 1, layer.scaling)
-            else:
-                layer_mask = attn_mask if masks is None else masks[self.layout.kinds[j]]
-                o = self._attend(qkv[:, :nh * hd], j, past + n, layer_mask, layer.scaling)
-            x = layer.mlp(layer.attn_out(x, o))
+            x = self._torch_layers(x, positions, past, mask, want, hidden)
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]
@@ -373,34 +352,67 @@ class FastTarget:
     # takes the same kernel.
     ONE_ROW_ATTENTION = True
 
-    # One-row decoding where every matmul is the native kernel's and the layers are Llama-shaped
-    # (fp32, no q/k norms, no sliding windows, no Gemma 3 or Granite extras): each layer is one call
-    # of ``native.OneRowLayer`` instead of about 30 tensor ops. Off: the torch ops below, with the
-    # native kernel for the matmuls (the two are compared in tests/decode/test_fast_decode.py).
+    def _torch_layers(self, x: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None,
+                      want: set, hidden: dict) -> torch.Tensor:
+        """The layers as tensor ops around the matmuls (any family, row count and dtype)."""
+        n = x.shape[0]
+        if mask is None and n > 1:
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+        # the additive form once, not SDPA's bool -> float conversion in every layer (bitwise the same
+        # attention, and less time per verification)
+        attn_mask = None if mask is None else self._additive(mask)
+        masks = self._window_masks(mask, positions, past, n) if self.layout.windowed else None
+        nh, hd = self.n_heads, self.head_dim
+        one_row = n == 1 and attn_mask is None and masks is None and self.attn_dtype == torch.float32 \
+            and self.ONE_ROW_ATTENTION
+        rope = {kind: (cos[positions][:, None], sin[positions][:, None])  # [n, 1, 2, hd / 2]
+                for kind, (cos, sin) in self.rope_signed.items()}
+        for j, layer in enumerate(self.layers):
+            if j in want:
+                hidden[j] = x[None]
+            qkv = layer.qkv(layer.rms(x, layer.ln1, layer.eps))
+            self._rope_and_cache(layer, qkv, rope[layer.kind if layer.gemma else None], j, past)
+            if one_row:
+                o = self._attend_one(qkv[:, :nh * hd], j, past + 1, layer.scaling)
+            else:
+                layer_mask = attn_mask if masks is None else masks[self.layout.kinds[j]]
+                o = self._attend(qkv[:, :nh * hd], j, past + n, layer_mask, layer.scaling)
+            x = layer.mlp(layer.attn_out(x, o))
+        return x
+
+    # Steps whose every matmul the native kernel serves (up to its MAX_ROWS rows: one-row decoding,
+    # a verification) over Llama-shaped layers (fp32, no q/k norms, no sliding windows, no Gemma 3
+    # or Granite extras): each layer is one call of ``native.NativeLayer`` instead of about 30
+    # tensor ops. Off: the torch ops, around the same matmul kernel (the two are compared in
+    # tests/decode/test_fast_decode.py).
     NATIVE_LAYERS = True
 
-    def _native_layers(self) -> bool:
-        """Whether one-row steps run ``native.OneRowLayer``s under the matmuls' current packing."""
+    def _native_layers(self, n: int) -> bool:
+        """Whether n-row steps run ``native.NativeLayer``s under the matmuls' current packing."""
         if self._native_for != packing.packings:
-            self._native_for, self._native = packing.packings, None
+            self._native_for, self._native, self._native_rows = packing.packings, None, {}
             plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
-            packed = all(NATIVE in lin.packed for lin in self.decoder.linears())
-            if (self.NATIVE_LAYERS and plain and packed and not self.layout.windowed
-                    and self.decoder.embed_mult is None and self.attn_dtype == torch.float32):
-                self._native = [native.OneRowLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
-        return self._native is not None
+            if (self.NATIVE_LAYERS and plain and not self.layout.windowed and self.decoder.embed_mult is None
+                    and self.attn_dtype == torch.float32 and native.available()):
+                self._native = [native.NativeLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
+        use = self._native_rows.get(n)
+        if use is None:
+            use = self._native_rows[n] = self._native is not None and all(
+                lin.packed_for(n) == NATIVE for lin in self.decoder.linears())
+        return use
 
-    def _native_step(self, x: torch.Tensor, positions: torch.Tensor, past: int, want: set, hidden: dict):
-        """The layers of a one-row step through the native kernel; x [1, H] is updated in place."""
-        cos, sin = self.rope_signed[None]
-        p = int(positions[0])
-        cos, sin = cos[p].view(-1), sin[p].view(-1)
-        x = x.contiguous()
-        scratch = torch.empty(self._native[0].scratch(past), dtype=torch.float32)
+    def _native_step(self, x: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None,
+                     want: set, hidden: dict) -> torch.Tensor:
+        """The layers through the native kernel; x [n, H] is updated in place."""
+        cos, sin = self._rope_flat
+        x, n = x.contiguous(), x.shape[0]
+        positions = positions.to(torch.int64).contiguous()
+        mask = None if mask is None else mask.contiguous()
+        scratch = torch.empty(self._native[0].scratch(n, past), dtype=torch.float32)
         for j, layer in enumerate(self._native):
             if j in want:
                 hidden[j] = x[None].clone()  # the kernel writes the stream in place
-            layer(x, cos, sin, self.kv_layers[j], past, scratch)
+            layer(x, positions, cos, sin, self.kv_layers[j], past, mask, scratch)
         return x
 
     def _rope_and_cache(self, layer: Layer, qkv: torch.Tensor, rope: tuple, j: int, past: int):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .fast_target import NATIVE, NATIVE_MAX_ROWS, ONEDNN, FastTarget, Linear, serving_key
+from .packing import NATIVE_ONE
 from .tree import new_tree, verify_mask
 
 
@@ -102,8 +103,10 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     timing = dict(repeats=repeats, rounds=rounds, clock=clock)
     verify = _median_times(fast, options, new, pos, prefix, **timing)
     best = min(options, key=lambda o: (verify[o], str(o)))
-    # one row: as ``best`` serves it, or an extra copy (MKL for one row, oneDNN, the native kernel) next to it
-    extra = [k for k in (1, ONEDNN, NATIVE) if k not in best and Linear.can_pack(fast.head.weight, k)]
+    # one row: as ``best`` serves it, or an extra copy (MKL for one row, oneDNN, the native kernel for
+    # one row only) next to it, which leaves the verification's rows to ``best``
+    extra = [k for k in (1, ONEDNN, NATIVE_ONE) if k not in best and Linear.can_pack(fast.head.weight, k)
+             and not (k == NATIVE_ONE and NATIVE in best)]
     single_options = [best] + [(k,) + best for k in extra]
     single = _median_times(fast, single_options, new[:1], pos[:1], prefix, **timing)
     keep = min(single_options, key=lambda o: (single[o], len(o)))  # a tie keeps one copy fewer

@@ -1,4 +1,4 @@
-"""Compiled fp32 kernels for the fast path on a CPU: its few-row matmuls and one-row attention.
+"""Compiled fp32 kernels for the fast path on a CPU: its few-row matmuls and whole one-row layers.
 
 A decoding step of a small target reads every weight once for one row of activations, so its
 speed is the memory's streaming rate. oneDNN's prepacked linear, the fastest torch kernel for one
@@ -8,10 +8,10 @@ before each call (121 calls a SmolLM2 step); llama.cpp's own loops run at the bo
 source, a plain loop nest that reads each weight row once and keeps four rows' dot products in
 flight, and calls it through ctypes on the tensors' memory.
 
-The matmul (``Matrix``) is row-invariant by construction: every (weight row, input row) dot product is accumulated in
-the same order (two 16-lane partial sums over alternating 16-column blocks, a fixed halving
-reduction, then the leftover columns), whatever the number of input rows or threads. So a
-verification's rows get bitwise the products one-row decoding gets.
+The matmul (``Matrix``) is row-invariant by construction: every (weight row, input row) dot
+product is accumulated in the same order (two 16-lane partial sums over alternating 16-column
+blocks, a fixed halving reduction, then the leftover columns), whatever the number of input rows
+or threads. So a verification's rows get bitwise the products one-row decoding gets.
 
 A one-row decoding step spends about 30 small tensor ops a layer besides its matmuls (norms,
 RoPE, the KV-cache write, attention over the cache, the activation, residual adds), each a few
@@ -128,35 +128,51 @@ static inline float dot(const float* a, const float* b, long n) {
     return r;
 }
 
-/* One query row over one layer's cache kv [2, nkv, P, hd] (keys, then values) at slot past:
-   rotate q and k of qkv [q heads | k heads | v heads] in place, write k and v at slot past, and
-   out[nh * hd] = softmax(q K^T * scale) V per query head over slots 0..past (its KV group's).
-   scores: scratch of past + 1 floats. */
-void eagle3_attend_one(float* qkv, const float* cos, const float* sin, float* kv, long P, long past,
-                       long nh, long nkv, long hd, float scale, float* out, float* scores) {
-    rope(qkv, cos, sin, nh + nkv, hd);
+/* n query rows over one layer's cache kv [2, nkv, P, hd] (keys, then values), the rows at slots
+   past..past+n-1: rotate q and k of each row of qkv [n, q heads | k heads | v heads] in place at
+   its position pos[i] (cos, sin: tables [positions, hd]), write its k and v at slot past + i, and
+   out[i] = softmax(q K^T * scale) V per query head (its KV group's keys) over the slots row i may
+   attend: mask[i * (past + n) + t] != 0, or (mask NULL) every slot up to past + i.
+   scores: scratch of past + n floats. */
+void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const float* sin, float* kv, long P,
+                   long past, const unsigned char* mask, long nh, long nkv, long hd, float scale, float* out,
+                   float* scores) {
+    long nq = (nh + 2 * nkv) * hd, len = past + n, group = nh / nkv;
     float *kc = kv, *vc = kv + nkv * P * hd;
-    for (long g = 0; g < nkv; g++) {
-        memcpy(kc + (g * P + past) * hd, qkv + (nh + g) * hd, hd * sizeof(float));
-        memcpy(vc + (g * P + past) * hd, qkv + (nh + nkv + g) * hd, hd * sizeof(float));
-    }
-    long len = past + 1, group = nh / nkv;
-    for (long h = 0; h < nh; h++) {
-        const float* q = qkv + h * hd;
-        const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
-        float mx = -INFINITY, sum = 0.f;
-        for (long t = 0; t < len; t++) {
-            float s = dot(q, K + t * hd, hd) * scale;
-            scores[t] = s;
-            mx = s > mx ? s : mx;
+    for (long i = 0; i < n; i++) {
+        float* row = qkv + i * nq;
+        rope(row, cos + pos[i] * hd, sin + pos[i] * hd, nh + nkv, hd);
+        for (long g = 0; g < nkv; g++) {
+            memcpy(kc + (g * P + past + i) * hd, row + (nh + g) * hd, hd * sizeof(float));
+            memcpy(vc + (g * P + past + i) * hd, row + (nh + nkv + g) * hd, hd * sizeof(float));
         }
-        for (long t = 0; t < len; t++) { scores[t] = expf(scores[t] - mx); sum += scores[t]; }
-        float* o = out + h * hd;
-        for (long d = 0; d < hd; d++) o[d] = 0.f;
-        for (long t = 0; t < len; t++) {
-            float p = scores[t] / sum;
-            const float* v = V + t * hd;
-            for (long d = 0; d < hd; d++) o[d] += p * v[d];
+    }
+    for (long i = 0; i < n; i++) {
+        const unsigned char* may = mask ? mask + i * len : 0;
+        long last = mask ? len : past + i + 1;
+        for (long h = 0; h < nh; h++) {
+            const float* q = qkv + i * nq + h * hd;
+            const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
+            float mx = -INFINITY, sum = 0.f;
+            for (long t = 0; t < last; t++) {
+                if (may && !may[t]) continue;
+                float s = dot(q, K + t * hd, hd) * scale;
+                scores[t] = s;
+                mx = s > mx ? s : mx;
+            }
+            for (long t = 0; t < last; t++) {
+                if (may && !may[t]) continue;
+                scores[t] = expf(scores[t] - mx);
+                sum += scores[t];
+            }
+            float* o = out + i * nh * hd + h * hd;
+            for (long d = 0; d < hd; d++) o[d] = 0.f;
+            for (long t = 0; t < last; t++) {
+                if (may && !may[t]) continue;
+                float p = scores[t] / sum;
+                const float* v = V + t * hd;
+                for (long d = 0; d < hd; d++) o[d] += p * v[d];
+            }
         }
     }
 }
@@ -192,24 +208,28 @@ static void rmsnorm(const float* x, const float* w, float eps, long n, float* ou
     for (long i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-/* One Llama-shaped decoder layer for one row, x [H] updated in place:
+/* A Llama-shaped decoder layer for n rows, x [n, H] updated in place:
    x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
-   scratch: max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter + past + 1 floats. */
-void eagle3_layer_one(float* x, long H, const float* ln1, const float* ln2, float eps,
-                      const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
-                      long inter, const float* cos, const float* sin, float* kv, long P, long past,
-                      long nh, long nkv, long hd, float scale, float* scratch, int threads) {
-    long nq = (nh + 2 * nkv) * hd;
-    float *h = scratch, *qkv = h + (H > inter ? H : inter), *attn = qkv + nq, *gu = attn + nh * hd;
-    float *scores = gu + 2 * inter;
-    rmsnorm(x, ln1, eps, H, h);
-    eagle3_gemv_f32(Wqkv, h, qkv, nq, H, 1, bqkv, 0, threads);
-    eagle3_attend_one(qkv, cos, sin, kv, P, past, nh, nkv, hd, scale, attn, scores);
-    eagle3_gemv_f32(Wo, attn, x, H, nh * hd, 1, 0, x, threads);
-    rmsnorm(x, ln2, eps, H, h);
-    eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, 1, 0, 0, threads);
-    for (long i = 0; i < inter; i++) { float g = gu[i]; h[i] = g / (1.f + expf(-g)) * gu[inter + i]; }
-    eagle3_gemv_f32(Wd, h, x, H, inter, 1, 0, x, threads);
+   scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + past + n floats. */
+void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, float eps,
+                  const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
+                  long inter, const long* pos, const float* cos, const float* sin, float* kv, long P, long past,
+                  const unsigned char* mask, long nh, long nkv, long hd, float scale, float* scratch, int threads) {
+    long nq = (nh + 2 * nkv) * hd, wide = H > inter ? H : inter;
+    float *h = scratch, *qkv = h + n * wide, *attn = qkv + n * nq, *gu = attn + n * nh * hd;
+    float *scores = gu + n * 2 * inter;
+    for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln1, eps, H, h + i * H);
+    eagle3_gemv_f32(Wqkv, h, qkv, nq, H, n, bqkv, 0, threads);
+    eagle3_attend(qkv, n, pos, cos, sin, kv, P, past, mask, nh, nkv, hd, scale, attn, scores);
+    eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
+    for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
+    eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < inter; j++) {
+            float g = gu[i * 2 * inter + j];
+            h[i * inter + j] = g / (1.f + expf(-g)) * gu[i * 2 * inter + inter + j];
+        }
+    eagle3_gemv_f32(Wd, h, x, H, inter, n, 0, x, threads);
 }
 """
 
@@ -329,15 +349,16 @@ def kernel():
         if not path.exists():
             _build(cc, path)
         lib = ctypes.CDLL(str(path))
-        fn, attend, layer = lib.eagle3_gemv_f32, lib.eagle3_attend_one, lib.eagle3_layer_one
+        fn, attend, layer = lib.eagle3_gemv_f32, lib.eagle3_attend, lib.eagle3_layer
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
         _status = f"not built: {e}"
         return None
     ptr, long = ctypes.c_void_p, ctypes.c_long
     fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
-    attend.argtypes = [ptr] * 4 + [long] * 5 + [ctypes.c_float, ptr, ptr]
+    attend.argtypes = [ptr, long] + [ptr] * 4 + [long, long, ptr, long, long, long, ctypes.c_float, ptr, ptr]
     flt = ctypes.c_float
-    layer.argtypes = [ptr, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 3 + [long] * 5 + [flt, ptr, ctypes.c_int]
+    layer.argtypes = ([ptr, long, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 4 + [long, long, ptr]
+                      + [long] * 3 + [flt, ptr, ctypes.c_int])
     fn.restype = attend.restype = layer.restype = None
     _kernel, _attend, _layer, _status = fn, attend, layer, f"built with {cc} ({path.name})"
     return _kernel
@@ -395,29 +416,42 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return Matrix(weight, bias)(x)
 
 
-def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, past: int,
-               n_heads: int, scale: float) -> torch.Tensor:
-    """One query row's attention over one layer's cache, RoPE and the cache write included.
+def _mask_ptr(mask: torch.Tensor | None, n: int, length: int):
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.shape != (n, length) or not mask.is_contiguous():
+        raise ValueError(f"native attention: a contiguous bool mask [{n}, {length}], not {tuple(mask.shape)}")
+    return mask.data_ptr()
 
-    ``qkv`` [1, (nh + 2 nkv) hd] fp32 (q and k are rotated in place, as the torch path does),
-    ``cos``/``sin`` [hd] the position's rows of the fast path's tables (sin with its first half
-    negated), ``kv`` [2, nkv, P, hd] the layer's cache (k and v written at slot ``past``). Returns
-    [1, nh * hd]: softmax(q K^T * scale) V over slots 0..past, each query head with its group's."""
-    _, nkv, positions, hd = kv.shape
-    if not (qkv.is_contiguous() and kv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("native attention: qkv, the cache and the RoPE rows must be contiguous")
-    if qkv.dtype != torch.float32 or kv.dtype != torch.float32 or past >= positions:
-        raise ValueError(f"native attention: fp32 only, and slot {past} within the cache's {positions}")
-    out = torch.empty(1, n_heads * hd, dtype=torch.float32)
-    scores = torch.empty(past + 1, dtype=torch.float32)
-    _attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), positions, past, n_heads, nkv, hd,
-            scale, out.data_ptr(), scores.data_ptr())
+
+def attend(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
+           past: int, n_heads: int, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """n query rows' attention over one layer's cache, RoPE and the cache write included.
+
+    ``qkv`` [n, (nh + 2 nkv) hd] fp32 (q and k are rotated in place, as the torch path does),
+    ``positions`` [n] int64, ``cos``/``sin`` [positions, hd] the fast path's tables (sin with its
+    first half negated), ``kv`` [2, nkv, P, hd] the layer's cache (row i's k and v written at slot
+    past + i), ``mask`` bool [n, past + n] "may attend" (None: causal). Returns [n, nh * hd]:
+    softmax(q K^T * scale) V over the slots each row may attend, each query head with its group's."""
+    n = qkv.shape[0]
+    _, nkv, slots, hd = kv.shape
+    tensors = (qkv, kv, cos, sin, positions)
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError("native attention: qkv, the cache, the RoPE tables and the positions must be contiguous")
+    if qkv.dtype != torch.float32 or kv.dtype != torch.float32 or past + n > slots:
+        raise ValueError(f"native attention: fp32 only, and slots up to {past + n} within the cache's {slots}")
+    if positions.dtype != torch.int64 or positions.shape != (n,) or int(positions.max()) >= cos.shape[0]:
+        raise ValueError(f"native attention: {n} int64 positions within the RoPE tables' {cos.shape[0]}")
+    out = torch.empty(n, n_heads * hd, dtype=torch.float32)
+    scores = torch.empty(past + n, dtype=torch.float32)
+    _attend(qkv.data_ptr(), n, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), slots, past,
+            _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale, out.data_ptr(), scores.data_ptr())
     return out
 
 
-class OneRowLayer:
+class NativeLayer:
     """A Llama-shaped decoder layer (``fast_target.Layer``: RMSNorms, fused q|k|v with optional bias,
-    o, fused gate|up with silu, down) bound to ``eagle3_layer_one`` for one-row steps."""
+    o, fused gate|up with silu, down) bound to ``eagle3_layer`` for steps of up to MAX_ROWS rows."""
 
     __slots__ = ("ptrs", "hidden", "inter", "eps", "scale", "keep", "shape")
 
@@ -432,17 +466,20 @@ class OneRowLayer:
         self.eps, self.scale = float(layer.eps), float(layer.scaling)
         self.shape = (n_heads, n_kv, head_dim)
 
-    def scratch(self, past: int) -> int:
-        """Floats of scratch a step at slot ``past`` needs."""
+    def scratch(self, n: int, past: int) -> int:
+        """Floats of scratch an n-row step at slots past.. needs."""
         nh, nkv, hd = self.shape
-        return max(self.hidden, self.inter) + (nh + 2 * nkv) * hd + nh * hd + 2 * self.inter + past + 1
+        per_row = max(self.hidden, self.inter) + (nh + 2 * nkv) * hd + nh * hd + 2 * self.inter
+        return n * per_row + past + n
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, past: int,
-                 scratch: torch.Tensor):
-        """x [1, H] fp32 contiguous, updated in place; ``cos``/``sin`` [hd] the position's rows (sin
-        with its first half negated); kv [2, nkv, P, hd] the layer's cache, written at slot ``past``."""
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 kv: torch.Tensor, past: int, mask: torch.Tensor | None, scratch: torch.Tensor):
+        """x [n, H] fp32 contiguous, updated in place; ``positions`` [n] int64 contiguous; ``cos``/
+        ``sin`` [positions, hd] (sin with its first half negated); kv [2, nkv, P, hd] the layer's
+        cache, written at slots past..past+n-1; ``mask`` bool [n, past + n] or None (causal)."""
         ln1, ln2, wqkv, bqkv, wo, wgu, wd = self.ptrs
         nh, nkv, hd = self.shape
-        _layer(x.data_ptr(), self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
-               cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.shape[2], past, nh, nkv, hd, self.scale,
-               scratch.data_ptr(), torch.get_num_threads())
+        n = x.shape[0]
+        _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
+               positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.shape[2], past,
+               _mask_ptr(mask, n, past + n), nh, nkv, hd, self.scale, scratch.data_ptr(), torch.get_num_threads())

@@ -13,6 +13,7 @@ from .native import MAX_ROWS as NATIVE_MAX_ROWS
 
 ONEDNN = "onednn"  # a packing key: oneDNN's prepacked fp32 linear, one copy for every row count
 NATIVE = "native"  # a packing key: the compiled fp32 kernel of ``native`` for up to its MAX_ROWS rows, no copy
+NATIVE_ONE = "native-1"  # the same kernel for one row only (plain decoding beside another verification kernel)
 
 
 packings = 0  # how many times any Linear was (re)packed: FastTarget's cue to re-decide its native layers
@@ -36,7 +37,7 @@ class Linear:
         "Verification cost")."""
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
-        if key == NATIVE:
+        if key in (NATIVE, NATIVE_ONE):
             return native.supports(weight)
         if key == ONEDNN:
             onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -54,7 +55,7 @@ class Linear:
         for m in rows:
             if not self.can_pack(self.weight, m):
                 continue
-            if m == NATIVE:
+            if m in (NATIVE, NATIVE_ONE):
                 self.packed[m] = native.Matrix(self.weight, self.bias)
             elif m == ONEDNN:
                 self.packed[m] = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
@@ -72,7 +73,7 @@ class Linear:
         if key is False:
             key = self.serving[m] = self.packed_for(m)
         if key == NATIVE:
-            return self.packed[NATIVE](x, add)
+            return self.packed.get(NATIVE, self.packed.get(NATIVE_ONE))(x, add)
         y = self._matmul(x, key)
         return y if add is None else add + y
 
@@ -89,12 +90,12 @@ class Linear:
 
 def serving_key(keys: tuple, m: int) -> int | str | None:
     """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else the native
-    kernel up to its row limit; else oneDNN's; else (m > 1) the smallest MKL one for more rows, the
-    input padded; None: plain F.linear. One row is never padded up to a block: that costs what the
-    block costs."""
+    kernel up to its row limit (``NATIVE_ONE``: one row); else oneDNN's; else (m > 1) the smallest MKL
+    one for more rows, the input padded; None: plain F.linear. One row is never padded up to a
+    block: that costs what the block costs."""
     if m in keys:
         return m
-    if NATIVE in keys and m <= NATIVE_MAX_ROWS:
+    if (NATIVE in keys and m <= NATIVE_MAX_ROWS) or (NATIVE_ONE in keys and m == 1):
         return NATIVE
     if ONEDNN in keys:
         return ONEDNN

@@ -679,6 +679,15 @@ def test_tune_packing_offers_the_native_kernel_for_few_rows_and_keeps_it_where_f
     assert {tuple(lin.packed) for lin in fast.decoder.linears()} == {(NATIVE, ONEDNN)}
     assert [fast.head.packed_for(m) for m in (1, 3, native.MAX_ROWS, native.MAX_ROWS + 1)] == \
         [NATIVE, NATIVE, NATIVE, ONEDNN]
+    # oneDNN verifies fastest, the native kernel decodes one row fastest: it serves one row only
+    from eagle3cli.decode.packing import NATIVE_ONE
+
+    cost.update({(4,): 9.0, (NATIVE, ONEDNN): 4.0, (NATIVE_ONE, ONEDNN): 0.9, (1, ONEDNN): 2.5})
+    got = tune_packing(fast, 3, clock=clock)
+    assert got["packed_for"] == "onednn" and got["packing"] == [NATIVE_ONE, ONEDNN]
+    assert got["one_row"] == {"uses": "native", "ms": {"onednn": 3000.0, "1": 2500.0, "native": 900.0}}
+    assert [fast.head.packed_for(m) for m in (1, 3)] == [NATIVE, ONEDNN]
+    fast.decoder.repack((NATIVE, ONEDNN))
     ids = prompt(9, n=9)
     with torch.no_grad():
         fast.forward(ids[0, :6], torch.arange(6), 0)  # 6 rows: native
