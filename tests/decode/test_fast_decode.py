@@ -77,7 +77,8 @@ def test_native_layers_equal_the_torch_ops(arch, monkeypatch):
     ids = torch.randint(0, 256, (24,), generator=torch.Generator().manual_seed(4))
     calls = []
     real = native.NativeLayer.__call__
-    monkeypatch.setattr(native.NativeLayer, "__call__", lambda self, x, *a: calls.append(x.shape[0]) or real(self, x, *a))
+    monkeypatch.setattr(native.NativeLayer, "__call__",
+                        lambda self, x, *a: calls.append(x.shape[0]) or real(self, x, *a))
     fast = FastTarget(target, 64, packed_rows=("native", "onednn"))
     got = _verify_steps(fast, ids)
     plain = target.config.model_type in ("llama", "qwen2")
