@@ -163,3 +163,17 @@ def test_native_layers_follow_the_matmuls_packing():
     assert fast._native_layers(4)
     fast.layers[1].down.pack((ONEDNN,))
     assert not fast._native_layers(1)
+
+
+@pytest.mark.skipif(not native.available(), reason="no native kernel here")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_native_verification_is_bitwise_one_token_decoding(arch):
+    """Under the native packing a verification of up to 16 rows (a chain, and every node of a
+    binary tree against its own path) gives bitwise the logits of decoding one token at a time:
+    the kernel's products, norms and attention per row do not depend on the row count. (oneDNN's
+    fp32 GEMMs do: there the fast path is exact only up to rounding.)"""
+    from eagle3cli.decode.fast_target import NATIVE, ONEDNN
+    from eagle3cli.decode.fast_tuning import row_invariant
+
+    fast = FastTarget(tiny_model(arch), 64, packed_rows=(NATIVE, ONEDNN))
+    assert all(row_invariant(fast, rows) for rows in (2, 3, 4, 8, native.MAX_ROWS))
