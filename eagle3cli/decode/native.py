@@ -403,8 +403,10 @@ class Matrix:
                              f"{(self.rows, self.cols)} (at most {MAX_ROWS} fp32 rows)")
         if not x.is_contiguous():
             x = x.contiguous()
-        if add is not None and (add.shape != (m, self.rows) or add.dtype != torch.float32 or not add.is_contiguous()):
-            add = add.float().contiguous().expand(m, self.rows).contiguous()
+        if add is not None:
+            if add.shape != (m, self.rows) or add.dtype != torch.float32:
+                raise ValueError(f"native linear: add {tuple(add.shape)} {add.dtype}, not fp32 {(m, self.rows)}")
+            add = add.contiguous()
         y = torch.empty(m, self.rows, dtype=torch.float32)
         _kernel(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
                 None if add is None else add.data_ptr(), torch.get_num_threads())

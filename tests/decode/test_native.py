@@ -137,3 +137,8 @@ def test_a_residual_added_in_the_kernel_rounds_as_the_separate_sum(bias):
         native.Matrix(w.double())
     with pytest.raises(ValueError, match="fp32 rows"):
         mat(torch.randn(1, 70, dtype=torch.float64))
+    with pytest.raises(ValueError, match="add"):
+        mat(torch.randn(2, 70), add=torch.randn(1, 37))  # never broadcast
+    r = torch.randn(37, 2).T  # [2, 37], not contiguous: read as its values
+    x = torch.randn(2, 70)
+    assert torch.equal(mat(x, add=r), r + mat(x))
