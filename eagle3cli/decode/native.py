@@ -408,7 +408,7 @@ class Matrix:
                 raise ValueError(f"native linear: add {tuple(add.shape)} {add.dtype}, not fp32 {(m, self.rows)}")
             add = add.contiguous()
         y = torch.empty(m, self.rows, dtype=torch.float32)
-        _kernel(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
+        (_kernel or kernel())(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
                 None if add is None else add.data_ptr(), torch.get_num_threads())
         return y
 
@@ -446,6 +446,8 @@ def attend(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: t
         raise ValueError(f"native attention: {n} int64 positions within the RoPE tables' {cos.shape[0]}")
     out = torch.empty(n, n_heads * hd, dtype=torch.float32)
     scores = torch.empty(past + n, dtype=torch.float32)
+    if _attend is None:
+        kernel()  # after a reset(): load it again
     _attend(qkv.data_ptr(), n, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), slots, past,
             _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale, out.data_ptr(), scores.data_ptr())
     return out
@@ -482,6 +484,8 @@ class NativeLayer:
         ln1, ln2, wqkv, bqkv, wo, wgu, wd = self.ptrs
         nh, nkv, hd = self.shape
         n = x.shape[0]
+        if _layer is None:
+            kernel()  # after a reset(): load it again
         _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.shape[2], past,
                _mask_ptr(mask, n, past + n), nh, nkv, hd, self.scale, scratch.data_ptr(), torch.get_num_threads())

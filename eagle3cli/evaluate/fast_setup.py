@@ -92,11 +92,14 @@ def build_fast_target(target, cfg: EvalConfig, max_pos) -> tuple[object | None, 
 def pack_for_run(fast, settings, log=print) -> dict | None:
     """Pack the fast path's matmuls for this run's verification size, the fastest way measured
     here (``fast_tuning.tune_packing``); what was measured goes into results.json."""
+    from ..decode import native
     from ..decode.fast_tuning import tune_packing
 
     if fast is None:
         return None
     (rows,) = verification_rows(settings)
+    if fast.embed.device.type == "cpu" and fast.embed.dtype == torch.float32 and not native.available():
+        log(f"native kernels not used: {native.status()} (docs/troubleshooting.md)")
     tuned = tune_packing(fast, rows)
     if tuned:
         one = tuned["one_row"]

@@ -139,6 +139,31 @@ def test_a_residual_added_in_the_kernel_rounds_as_the_separate_sum(bias):
         mat(torch.randn(1, 70, dtype=torch.float64))
     with pytest.raises(ValueError, match="add"):
         mat(torch.randn(2, 70), add=torch.randn(1, 37))  # never broadcast
+    x = torch.randn(2, 70)
+    before = mat(x)
+    native.reset()  # a Matrix made before a reset loads the kernel again
+    assert torch.equal(mat(x), before)
     r = torch.randn(37, 2).T  # [2, 37], not contiguous: read as its values
     x = torch.randn(2, 70)
     assert torch.equal(mat(x, add=r), r + mat(x))
+
+
+def test_eval_says_why_the_native_kernels_are_not_used(monkeypatch, tmp_path):
+    """Where the kernels cannot be built, eval's packing line is preceded by the reason (and the
+    run goes on with the other kernels)."""
+    from types import SimpleNamespace
+
+    from eagle3cli.decode.fast_target import FastTarget
+    from eagle3cli.evaluate.fast_setup import pack_for_run
+    from tests.helpers.tiny import tiny_model
+
+    monkeypatch.setenv("EAGLE3_NATIVE", "0")
+    native.reset()
+    try:
+        lines = []
+        settings = SimpleNamespace(shape=lambda: (3, 1, 3))
+        tuned = pack_for_run(FastTarget(tiny_model("llama"), 64), settings, log=lines.append)
+        assert lines[0] == "native kernels not used: off (EAGLE3_NATIVE=0) (docs/troubleshooting.md)"
+        assert tuned is None or "native" not in tuned["ms"]
+    finally:
+        native.reset()
