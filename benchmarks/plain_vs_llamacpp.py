@@ -97,11 +97,6 @@ def ours_tps(fast: FastTarget, prompt: torch.Tensor, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def use(fast: FastTarget, ours: str):
-    """Pack for ``ours`` ("native": one-row steps then run each layer as one native kernel call)."""
-    fast.decoder.repack(PACKINGS[ours])
-
-
 def llama_tps(server: Server, prompt: list[int], n: int) -> float:
     r = server.complete(prompt, n, ignore_eos=True)
     t = r["timings"]
@@ -153,12 +148,12 @@ def main():
         with Server(binary, gguf, threads=args.threads, ctx=len(prompt) + args.n + 64) as server:
             llama_tps(server, prompt, 8)  # warm
             for o in ours:
-                use(fast, o)
+                fast.decoder.repack(PACKINGS[o])
                 ours_tps(fast, torch.tensor(prompt), 4)
             for r in range(args.rounds):
                 times["llama.cpp"].append(llama_tps(server, prompt, args.n))
                 for o in ours:
-                    use(fast, o)
+                    fast.decoder.repack(PACKINGS[o])
                     ours_tps(fast, torch.tensor(prompt), 2)  # the first calls after packing page-fault
                     times[f"ours/{o}"].append(ours_tps(fast, torch.tensor(prompt), args.n))
                 print(f"{dt} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in times.items()), flush=True)

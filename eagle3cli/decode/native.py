@@ -61,7 +61,19 @@ static inline float reduce(v16 a, v16 b) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-/* dot products of weight rows w[0..3] (stride cols) with x: each row's sequence is dot1's */
+/* a . b over n floats: two 16-lane partial sums over alternating 16-element blocks, reduce, then
+   the leftover elements one by one */
+static inline float dot(const float* a, const float* b, long n) {
+    v16 z = {0}, s = z, t = z;
+    long i = 0;
+    for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
+    if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
+    float r = reduce(s, t);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* dot products of weight rows w[0..3] (stride cols) with x: each row's sequence is dot's */
 static inline void dot4(const float* w, long cols, const float* x, float* out) {
     const float *w0 = w, *w1 = w + cols, *w2 = w + 2 * cols, *w3 = w + 3 * cols;
     v16 z = {0}, a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
@@ -81,16 +93,6 @@ static inline void dot4(const float* w, long cols, const float* x, float* out) {
     float s0 = reduce(a0, b0), s1 = reduce(a1, b1), s2 = reduce(a2, b2), s3 = reduce(a3, b3);
     for (; i < cols; i++) { s0 += w0[i] * x[i]; s1 += w1[i] * x[i]; s2 += w2[i] * x[i]; s3 += w3[i] * x[i]; }
     out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
-}
-
-static inline float dot1(const float* w0, long cols, const float* x) {
-    v16 z = {0}, a0 = z, b0 = z;
-    long i = 0;
-    for (; i + 32 <= cols; i += 32) { a0 += ld(w0 + i) * ld(x + i); b0 += ld(w0 + i + 16) * ld(x + i + 16); }
-    if (i + 16 <= cols) { a0 += ld(w0 + i) * ld(x + i); i += 16; }
-    float s0 = reduce(a0, b0);
-    for (; i < cols; i++) s0 += w0[i] * x[i];
-    return s0;
 }
 
 #if defined(__clang__)
@@ -116,16 +118,6 @@ NO_FMA static void rope(float* x, const float* cos, const float* sin, long heads
             v[d + half] = cb + sb;
         }
     }
-}
-
-static inline float dot(const float* a, const float* b, long n) {
-    v16 z = {0}, s = z, t = z;
-    long i = 0;
-    for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
-    if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
-    float r = reduce(s, t);
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
 }
 
 /* n query rows over one layer's cache kv [2, nkv, P, hd] (keys, then values), the rows at slots
@@ -199,7 +191,7 @@ void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long c
     }
     for (long r = blocks * 4; r < rows; r++)
         for (long i = 0; i < m; i++)
-            y[i * rows + r] = finish(dot1(W + r * cols, cols, x + i * cols), bias, add, i, rows, r);
+            y[i * rows + r] = finish(dot(W + r * cols, x + i * cols, cols), bias, add, i, rows, r);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), HF's LlamaRMSNorm in fp32 */

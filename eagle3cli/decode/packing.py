@@ -73,7 +73,7 @@ class Linear:
         if key is False:
             key = self.serving[m] = self.packed_for(m)
         if key == NATIVE:
-            return self.packed.get(NATIVE, self.packed.get(NATIVE_ONE))(x, add)
+            return (self.packed.get(NATIVE) or self.packed[NATIVE_ONE])(x, add)
         y = self._matmul(x, key)
         return y if add is None else add + y
 
