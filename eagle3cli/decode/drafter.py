@@ -57,14 +57,15 @@ class EagleDrafter:
         when that measures faster here than ``F.linear``: MKL's packed GEMM is specialised per row
         count and pays at some counts only (4 rows: 5.2 against 6.6 ms a step; 2 or 3: slower), so
         the choice is timed, as ``fast_tuning.tune_packing`` times the target's. MKL's copy serves
-        exactly ``rows`` rows, other counts stay on ``F.linear``; oneDNN's serves every count.
-        Returns what was measured (None: nothing to choose here, or the module path)."""
-        from .fast_target import ONEDNN
+        exactly ``rows`` rows, other counts stay on ``F.linear``; oneDNN's serves every count; the
+        native kernel (fp32) up to its row limit, oneDNN's copy beyond it. Returns what was
+        measured (None: nothing to choose here, or the module path)."""
+        from .packing import NATIVE, ONEDNN
 
         kinds = self.lean.packable(rows) if self.lean is not None else []
         if not kinds:
             return None
-        keys = {"none": (), **{k: ((ONEDNN,) if k == ONEDNN else (rows,)) for k in kinds}}
+        keys = {"none": (), **{k: {ONEDNN: (ONEDNN,), NATIVE: (NATIVE, ONEDNN)}.get(k, (rows,)) for k in kinds}}
         best = {name: float("inf") for name in keys}
         for _ in range(rounds):  # interleaved, fastest median kept: other load only ever adds time
             for name, key in keys.items():

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .fast_target import ONEDNN, Linear, _rms_norm, _weights
+from .packing import NATIVE, serving_key
 from .weight_quant import KINDS, QuantLinear, available, quantize
 
 
@@ -52,10 +53,11 @@ def weights_for(fast_target, requested: str = "auto") -> str:
 class ExactRowsLinear(Linear):
     """A ``Linear`` whose MKL copy serves exactly its row count (smaller calls are not padded up:
     2 or 3 rows padded to a 4-row packed GEMM cost more than ``F.linear`` for a draft step on an
-    AMX Xeon); oneDNN's copy serves any."""
+    AMX Xeon); the native kernel serves up to its row limit, oneDNN's copy any count."""
 
     def packed_for(self, m: int) -> int | str | None:
-        return m if m in self.packed else (ONEDNN if ONEDNN in self.packed else None)
+        key = serving_key(tuple(self.packed), m)
+        return None if isinstance(key, int) and key != m else key
 
 
 class FastDraft:
@@ -114,12 +116,14 @@ class FastDraft:
             lin.pack(rows)
 
     def packable(self, rows: int) -> list[str]:
-        """The packings that apply here for ``rows``-row steps: "mkl" (for exactly that many), ``ONEDNN``;
+        """The packings that apply here for ``rows``-row steps: "mkl" (for exactly that many), ``ONEDNN``,
+        ``NATIVE`` (fp32: the compiled kernel, oneDNN beyond its row limit, as for the prompt);
         none when every matmul is integer (nothing left to pack)."""
         full = [lin.weight for lin in self.linears() if not isinstance(lin, QuantLinear)]
         if not full:
             return []
-        return [k for k in ("mkl", ONEDNN) if Linear.can_pack(full[0], rows if k == "mkl" else ONEDNN)]
+        key = {"mkl": rows}
+        return [k for k in ("mkl", ONEDNN, NATIVE) if Linear.can_pack(full[0], key.get(k, k))]
 
     # ---- cache ------------------------------------------------------------------------------
     def __len__(self) -> int:

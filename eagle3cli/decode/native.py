@@ -5,17 +5,18 @@ speed is the memory's streaming rate. oneDNN's prepacked linear, the fastest tor
 row, streams at about 0.8 of a plain ``sum()`` over the same matrices and sets up for 8-17 us
 before each call (121 calls a SmolLM2 step); llama.cpp's own loops run at the bound
 (docs/benchmarks.md, "Plain decoding against llama.cpp"). This module compiles, once per CPU and
-source, a plain loop nest that reads each weight row once and keeps four rows' dot products in
-flight, and calls it through ctypes on the tensors' memory.
+source, a plain loop nest that reads each weight row once, for all of a verification's input rows
+(tiles of 8 weight rows against up to 3 inputs, their sums in registers), and calls it through
+ctypes on the tensors' memory.
 
 The matmul (``Matrix``) is row-invariant by construction: every (weight row, input row) dot
-product is accumulated in the same order (two 16-lane partial sums over alternating 16-column
-blocks, a fixed halving reduction, then the leftover columns), whatever the number of input rows
-or threads. So a verification's rows get bitwise the products one-row decoding gets.
+product is accumulated in the same order (one 16-lane sum over the 16-column blocks, a fixed
+halving reduction, then the leftover columns with fmaf), whatever the number of input rows or
+threads. So a verification's rows get bitwise the products one-row decoding gets.
 
 A one-row decoding step spends about 30 small tensor ops a layer besides its matmuls (norms,
 RoPE, the KV-cache write, attention over the cache, the activation, residual adds), each a few
-microseconds of dispatch for a few hundred multiply-adds: 2.7 ms of a SmolLM2 step. ``OneRowLayer``
+microseconds of dispatch for a few hundred multiply-adds: 2.7 ms of a SmolLM2 step. ``NativeLayer``
 runs a whole Llama-shaped layer in one call: HF's RMSNorm formula in fp32, q and k rotated in
 place with RoPE's products as torch computes them (no fused multiply-add), k and v written into
 the cache, per query head the scaled scores over the cache, their softmax and the weighted sum of
@@ -44,6 +45,7 @@ MAX_ROWS = 16  # input rows it serves: beyond a verification's size a blocked GE
 
 SOURCE = r"""
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -52,8 +54,7 @@ typedef float v4 __attribute__((vector_size(16)));
 static inline v16 ld(const float* p) { return *(const v16*)p; }
 
 /* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
-static inline float reduce(v16 a, v16 b) {
-    v16 s = a + b;
+static inline float reduce1(v16 s) {
     v8 l, h; memcpy(&l, &s, 32); memcpy(&h, (const char*)&s + 32, 32);
     v8 s8 = l + h;
     v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
@@ -61,38 +62,58 @@ static inline float reduce(v16 a, v16 b) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-/* a . b over n floats: two 16-lane partial sums over alternating 16-element blocks, reduce, then
-   the leftover elements one by one */
+/* a . b over n floats (norms, attention): two 16-lane partial sums over alternating 16-element
+   blocks, reduce, then the leftover elements one by one */
 static inline float dot(const float* a, const float* b, long n) {
     v16 z = {0}, s = z, t = z;
     long i = 0;
     for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
     if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
-    float r = reduce(s, t);
+    float r = reduce1(s + t);
     for (; i < n; i++) r += a[i] * b[i];
     return r;
 }
 
-/* dot products of weight rows w[0..3] (stride cols) with x: each row's sequence is dot's */
-static inline void dot4(const float* w, long cols, const float* x, float* out) {
-    const float *w0 = w, *w1 = w + cols, *w2 = w + 2 * cols, *w3 = w + 3 * cols;
-    v16 z = {0}, a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
-    long i = 0;
-    for (; i + 32 <= cols; i += 32) {
-        v16 x0 = ld(x + i), x1 = ld(x + i + 16);
-        a0 += ld(w0 + i) * x0; b0 += ld(w0 + i + 16) * x1;
-        a1 += ld(w1 + i) * x0; b1 += ld(w1 + i + 16) * x1;
-        a2 += ld(w2 + i) * x0; b2 += ld(w2 + i + 16) * x1;
-        a3 += ld(w3 + i) * x0; b3 += ld(w3 + i + 16) * x1;
-    }
-    if (i + 16 <= cols) {
-        v16 x0 = ld(x + i);
-        a0 += ld(w0 + i) * x0; a1 += ld(w1 + i) * x0; a2 += ld(w2 + i) * x0; a3 += ld(w3 + i) * x0;
-        i += 16;
-    }
-    float s0 = reduce(a0, b0), s1 = reduce(a1, b1), s2 = reduce(a2, b2), s3 = reduce(a3, b3);
-    for (; i < cols; i++) { s0 += w0[i] * x[i]; s1 += w1[i] * x[i]; s2 += w2[i] * x[i]; s3 += w3[i] * x[i]; }
-    out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
+/* The matmul's tiles. Every (weight row, input row) product is accumulated in one 16-lane sum over
+   the 16-column blocks in order, reduced in reduce1's order, then the leftover columns are added
+   one by one with fmaf: the same sequence whichever tile computes it, so a row's result does not
+   depend on how many input rows come with it. A tile holds TR weight rows against up to TM input
+   rows (24 accumulators, within the 32 vector registers): the rows are read from memory once and
+   from L1 for the other inputs, and each input's vector is loaded once for TR rows. Fewer weight
+   rows a tile made extra inputs cost more than the memory stream they overlap; more inputs spill. */
+#define TR 8
+#define TM 3
+#define TILE(M)                                                                                      \
+static inline __attribute__((always_inline)) void tile##M(const float* w, long cols, const float* x, \
+                                                          float* out) {                              \
+    v16 z = {0}, acc[TR][M];                                                                         \
+    for (int r = 0; r < TR; r++) for (int j = 0; j < M; j++) acc[r][j] = z;                          \
+    long c = 0;                                                                                      \
+    for (; c + 16 <= cols; c += 16) {                                                                \
+        v16 xv[M];                                                                                   \
+        for (int j = 0; j < M; j++) xv[j] = ld(x + j * cols + c);                                    \
+        for (int r = 0; r < TR; r++) {                                                               \
+            v16 wv = ld(w + r * cols + c);                                                           \
+            for (int j = 0; j < M; j++) acc[r][j] += wv * xv[j];                                     \
+        }                                                                                            \
+    }                                                                                                \
+    for (int r = 0; r < TR; r++)                                                                     \
+        for (int j = 0; j < M; j++) {                                                                \
+            float s = reduce1(acc[r][j]);                                                            \
+            for (long t = c; t < cols; t++) s = fmaf(w[r * cols + t], x[j * cols + t], s);           \
+            out[j * TR + r] = s;                                                                     \
+        }                                                                                            \
+}
+TILE(1) TILE(2) TILE(3)
+
+/* one weight row against one input row, in the tiles' order (the rows after the last full tile) */
+static inline float dot_row(const float* w, const float* x, long cols) {
+    v16 a = {0};
+    long c = 0;
+    for (; c + 16 <= cols; c += 16) a += ld(w + c) * ld(x + c);
+    float s = reduce1(a);
+    for (long t = c; t < cols; t++) s = fmaf(w[t], x[t], s);
+    return s;
 }
 
 #if defined(__clang__)
@@ -125,10 +146,12 @@ NO_FMA static void rope(float* x, const float* cos, const float* sin, long heads
    its position pos[i] (cos, sin: tables [positions, hd]), write its k and v at slot past + i, and
    out[i] = softmax(q K^T * scale) V per query head (its KV group's keys) over the slots row i may
    attend: mask[i * (past + n) + t] != 0, or (mask NULL) every slot up to past + i.
-   scores: scratch of past + n floats. */
+   scores: scratch of threads * (past + n) floats. The (row, head) pairs are split over the threads
+   once there is enough work to pay for waking them (a verification's rows over a long cache: one
+   thread took about 2 ms of a SmolLM2 4-row step); each pair is computed alike on any thread. */
 void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const float* sin, float* kv, long P,
                    long past, const unsigned char* mask, long nh, long nkv, long hd, float scale, float* out,
-                   float* scores) {
+                   float* scores, int threads) {
     long nq = (nh + 2 * nkv) * hd, len = past + n, group = nh / nkv;
     float *kc = kv, *vc = kv + nkv * P * hd;
     for (long i = 0; i < n; i++) {
@@ -139,32 +162,33 @@ void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const 
             memcpy(vc + (g * P + past + i) * hd, row + (nh + nkv + g) * hd, hd * sizeof(float));
         }
     }
-    for (long i = 0; i < n; i++) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * nh * len * hd >= 65536)
+    for (long ih = 0; ih < n * nh; ih++) {
+        long i = ih / nh, h = ih % nh;
         const unsigned char* may = mask ? mask + i * len : 0;
         long last = mask ? len : past + i + 1;
-        for (long h = 0; h < nh; h++) {
-            const float* q = qkv + i * nq + h * hd;
-            const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
-            float mx = -INFINITY, sum = 0.f;
-            for (long t = 0; t < last; t++) {
-                if (may && !may[t]) continue;
-                float s = dot(q, K + t * hd, hd) * scale;
-                scores[t] = s;
-                mx = s > mx ? s : mx;
-            }
-            for (long t = 0; t < last; t++) {
-                if (may && !may[t]) continue;
-                scores[t] = expf(scores[t] - mx);
-                sum += scores[t];
-            }
-            float* o = out + i * nh * hd + h * hd;
-            for (long d = 0; d < hd; d++) o[d] = 0.f;
-            for (long t = 0; t < last; t++) {
-                if (may && !may[t]) continue;
-                float p = scores[t] / sum;
-                const float* v = V + t * hd;
-                for (long d = 0; d < hd; d++) o[d] += p * v[d];
-            }
+        float* sc = scores + omp_get_thread_num() * len;
+        const float* q = qkv + i * nq + h * hd;
+        const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
+        float mx = -INFINITY, sum = 0.f;
+        for (long t = 0; t < last; t++) {
+            if (may && !may[t]) continue;
+            float s = dot(q, K + t * hd, hd) * scale;
+            sc[t] = s;
+            mx = s > mx ? s : mx;
+        }
+        for (long t = 0; t < last; t++) {
+            if (may && !may[t]) continue;
+            sc[t] = expf(sc[t] - mx);
+            sum += sc[t];
+        }
+        float* o = out + i * nh * hd + h * hd;
+        for (long d = 0; d < hd; d++) o[d] = 0.f;
+        for (long t = 0; t < last; t++) {
+            if (may && !may[t]) continue;
+            float p = sc[t] / sum;
+            const float* v = V + t * hd;
+            for (long d = 0; d < hd; d++) o[d] += p * v[d];
         }
     }
 }
@@ -175,23 +199,28 @@ static inline float finish(float v, const float* bias, const float* add, long i,
     return add ? add[i * rows + r] + v : v;
 }
 
-/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: blocks of four
-   weight rows split statically over the threads, each block read once for all m input rows */
+/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: tiles of TR weight
+   rows split statically over the threads, each read once for all m input rows, TM inputs at a time */
 void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long cols, long m,
                      const float* bias, const float* add, int threads) {
-    long blocks = rows / 4;
+    long tiles = rows / TR;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long bi = 0; bi < blocks; bi++) {
-        long r = bi * 4;
-        for (long i = 0; i < m; i++) {
-            float o[4];
-            dot4(W + r * cols, cols, x + i * cols, o);
-            for (int k = 0; k < 4; k++) y[i * rows + r + k] = finish(o[k], bias, add, i, rows, r + k);
+    for (long ti = 0; ti < tiles; ti++) {
+        long r = ti * TR;
+        for (long i = 0; i < m;) {
+            long n = m - i < TM ? m - i : TM;
+            float o[TM * TR];
+            const float *w = W + r * cols, *xi = x + i * cols;
+            if (n == 3) tile3(w, cols, xi, o); else if (n == 2) tile2(w, cols, xi, o); else tile1(w, cols, xi, o);
+            for (long j = 0; j < n; j++)
+                for (int k = 0; k < TR; k++)
+                    y[(i + j) * rows + r + k] = finish(o[j * TR + k], bias, add, i + j, rows, r + k);
+            i += n;
         }
     }
-    for (long r = blocks * 4; r < rows; r++)
+    for (long r = tiles * TR; r < rows; r++)
         for (long i = 0; i < m; i++)
-            y[i * rows + r] = finish(dot(W + r * cols, x + i * cols, cols), bias, add, i, rows, r);
+            y[i * rows + r] = finish(dot_row(W + r * cols, x + i * cols, cols), bias, add, i, rows, r);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), HF's LlamaRMSNorm in fp32 */
@@ -202,7 +231,7 @@ static void rmsnorm(const float* x, const float* w, float eps, long n, float* ou
 
 /* A Llama-shaped decoder layer for n rows, x [n, H] updated in place:
    x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
-   scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + past + n floats. */
+   scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + threads (past + n) floats. */
 void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, float eps,
                   const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
                   long inter, const long* pos, const float* cos, const float* sin, float* kv, long P, long past,
@@ -212,15 +241,17 @@ void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, 
     float *scores = gu + n * 2 * inter;
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln1, eps, H, h + i * H);
     eagle3_gemv_f32(Wqkv, h, qkv, nq, H, n, bqkv, 0, threads);
-    eagle3_attend(qkv, n, pos, cos, sin, kv, P, past, mask, nh, nkv, hd, scale, attn, scores);
+    eagle3_attend(qkv, n, pos, cos, sin, kv, P, past, mask, nh, nkv, hd, scale, attn, scores, threads);
     eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
     eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);
-    for (long i = 0; i < n; i++)
-        for (long j = 0; j < inter; j++) {
-            float g = gu[i * 2 * inter + j];
-            h[i * inter + j] = g / (1.f + expf(-g)) * gu[i * 2 * inter + inter + j];
-        }
+    /* silu(gate) * up: an expf per element, split over the threads for a verification's rows */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n > 1)
+    for (long ij = 0; ij < n * inter; ij++) {
+        long i = ij / inter, j = ij % inter;
+        float g = gu[i * 2 * inter + j];
+        h[ij] = g / (1.f + expf(-g)) * gu[i * 2 * inter + inter + j];
+    }
     eagle3_gemv_f32(Wd, h, x, H, inter, n, 0, x, threads);
 }
 """
@@ -347,7 +378,8 @@ def kernel():
         return None
     ptr, long = ctypes.c_void_p, ctypes.c_long
     fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
-    attend.argtypes = [ptr, long] + [ptr] * 4 + [long, long, ptr, long, long, long, ctypes.c_float, ptr, ptr]
+    attend.argtypes = ([ptr, long] + [ptr] * 4 + [long, long, ptr, long, long, long, ctypes.c_float, ptr, ptr]
+                       + [ctypes.c_int])
     flt = ctypes.c_float
     layer.argtypes = ([ptr, long, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 4 + [long, long, ptr]
                       + [long] * 3 + [flt, ptr, ctypes.c_int])
@@ -437,11 +469,12 @@ def attend(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: t
     if positions.dtype != torch.int64 or positions.shape != (n,) or int(positions.max()) >= cos.shape[0]:
         raise ValueError(f"native attention: {n} int64 positions within the RoPE tables' {cos.shape[0]}")
     out = torch.empty(n, n_heads * hd, dtype=torch.float32)
-    scores = torch.empty(past + n, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    scores = torch.empty(threads * (past + n), dtype=torch.float32)
     if _attend is None:
         kernel()  # after a reset(): load it again
     _attend(qkv.data_ptr(), n, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), slots, past,
-            _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale, out.data_ptr(), scores.data_ptr())
+            _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale, out.data_ptr(), scores.data_ptr(), threads)
     return out
 
 
@@ -463,10 +496,10 @@ class NativeLayer:
         self.shape = (n_heads, n_kv, head_dim)
 
     def scratch(self, n: int, past: int) -> int:
-        """Floats of scratch an n-row step at slots past.. needs."""
+        """Floats of scratch an n-row step at slots past.. needs (on torch's thread count)."""
         nh, nkv, hd = self.shape
         per_row = max(self.hidden, self.inter) + (nh + 2 * nkv) * hd + nh * hd + 2 * self.inter
-        return n * per_row + past + n
+        return n * per_row + torch.get_num_threads() * (past + n)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, past: int, mask: torch.Tensor | None, scratch: torch.Tensor):

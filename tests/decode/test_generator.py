@@ -403,23 +403,25 @@ def test_draft_computes_in_bf16_only_beside_a_bf16_fast_path_that_packs_it():
     assert compute_dtype(bf16) is expected
 
 
-@pytest.mark.parametrize("kind", ["mkl", "onednn"])
+@pytest.mark.parametrize("kind", ["mkl", "onednn", "native"])
 @torch.no_grad()
 def test_packed_lean_levels_give_the_same_tree(kind):
     """The lean draft's matmuls packed for 4-row levels: MKL's copy serves exactly 4 rows (other
-    counts bitwise F.linear), oneDNN's every count; the same trees drafted as unpacked."""
+    counts bitwise F.linear), oneDNN's every count, the native kernel up to its row limit; the same
+    trees drafted as unpacked."""
     from eagle3cli.decode.fast_draft import ExactRowsLinear
-    from eagle3cli.decode.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.packing import NATIVE, NATIVE_MAX_ROWS, ONEDNN, Linear
 
     target = tiny_model("llama")
     draft = random_draft(target)
-    key = 4 if kind == "mkl" else ONEDNN
+    key = {"mkl": 4, "onednn": ONEDNN, "native": NATIVE}[kind]
     if not Linear.can_pack(draft.lm_head.weight, key):
         pytest.skip(f"{kind} packing is not available here")
     lin = ExactRowsLinear(draft.lm_head.weight.detach(), None, (key,))
     x = torch.randn(4, draft.config.hidden_size)
     torch.testing.assert_close(lin(x), draft.lm_head(x), atol=1e-5, rtol=1e-5)
-    assert lin.packed_for(3) == (None if kind == "mkl" else ONEDNN)
+    assert lin.packed_for(3) == {"mkl": None, "onednn": ONEDNN, "native": NATIVE}[kind]
+    assert lin.packed_for(NATIVE_MAX_ROWS + 1) == (ONEDNN if kind == "onednn" else None)
     if kind == "mkl":
         assert torch.equal(lin(x[:3]), draft.lm_head(x[:3]))
     plain, packed = EagleDrafter(draft), EagleDrafter(draft)
@@ -431,6 +433,8 @@ def test_packed_lean_levels_give_the_same_tree(kind):
 
 @torch.no_grad()
 def test_drafter_pack_keeps_the_fastest_measured():
+    from eagle3cli.decode.packing import Linear
+
     target = tiny_model("llama")
     draft = random_draft(target)
     drafter = EagleDrafter(draft)
@@ -440,8 +444,9 @@ def test_drafter_pack_keeps_the_fastest_measured():
         if tuned is None:
             pytest.skip("nothing packs on this machine")
         assert tuned["rows"] == rows and tuned["ms"][tuned["uses"]] == min(tuned["ms"].values())
-        expected = {"none": set(), "mkl": {rows}, "onednn": {"onednn"}}[tuned["uses"]]
-        assert all(set(lin.packed) == expected for lin in drafter.lean.linears())
+        keys = {"none": (), "mkl": (rows,), "onednn": ("onednn",), "native": ("native", "onednn")}[tuned["uses"]]
+        for lin in drafter.lean.linears():  # what the choice packs, as far as this CPU packs it
+            assert set(lin.packed) == {k for k in keys if Linear.can_pack(lin.weight, k)}
         assert len(drafter.cache) == 0  # the timing steps leave nothing behind
 
 

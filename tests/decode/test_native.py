@@ -38,6 +38,8 @@ def test_each_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(r
     batch = native.linear(x, w, b)
     for i in range(x.shape[0]):
         assert torch.equal(native.linear(x[i:i + 1], w, b), batch[i:i + 1])
+    for m in range(2, x.shape[0]):  # every grouping of the inputs into the kernel's tiles
+        assert torch.equal(native.linear(x[:m], w, b), batch[:m])
     threads = torch.get_num_threads()
     try:
         for t in (1, 2, 3):
@@ -167,3 +169,31 @@ def test_eval_says_why_the_native_kernels_are_not_used(monkeypatch, tmp_path):
         assert tuned is None or "native" not in tuned["ms"]
     finally:
         native.reset()
+
+
+@needs_kernel
+def test_attention_over_a_long_cache_is_the_same_on_any_thread_count():
+    """Enough (row, head) pairs over enough keys to be split over the threads: each pair computes
+    alike on any thread (so a verification stays bitwise one-token decoding), and the result is
+    causal grouped-query attention (float64 reference; RoPE the identity here)."""
+    g = torch.Generator().manual_seed(2)
+    nh, nkv, hd, past, n = 8, 2, 64, 200, 4
+    kv0 = torch.randn(2, nkv, past + n, hd, generator=g)
+    qkv0 = torch.randn(n, (nh + 2 * nkv) * hd, generator=g)
+    pos, scale = torch.arange(past, past + n), hd ** -0.5
+    cos, sin = torch.ones(past + n, hd), torch.zeros(past + n, hd)
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            kv = kv0.clone()
+            outs.append(native.attend(qkv0.clone(), pos, cos, sin, kv, past, nh, scale))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    q = qkv0[:, :nh * hd].view(n, nh, hd).transpose(0, 1).double()  # [nh, n, hd]
+    keys, values = kv.double().repeat_interleave(nh // nkv, 1)  # the kernel wrote the new rows' k, v
+    causal = torch.ones(n, past + n, dtype=torch.bool).tril(past)
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=causal, scale=scale)
+    torch.testing.assert_close(outs[0], want.transpose(0, 1).reshape(n, nh * hd).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kv[:, :, past:], qkv0[:, nh * hd:].view(n, 2, nkv, hd).permute(1, 2, 0, 3))

@@ -109,10 +109,10 @@ def test_matmuls_the_kernel_cannot_take_stay_full_in_the_lean_step(kind):
     assert not isinstance(lean.down, QuantLinear) and isinstance(lean.head, QuantLinear)
     assert isinstance(lean.gate_up, QuantLinear) == (kind == "int8")  # 200 rows: int8 takes them, int4 not
     # the full matmuls can still be packed, as far as this CPU packs at all
-    from eagle3cli.decode.fast_target import ONEDNN, Linear
+    from eagle3cli.decode.packing import NATIVE, ONEDNN, Linear
 
-    assert lean.packable(4) == [k for k in ("mkl", ONEDNN) if Linear.can_pack(lean.down.weight,
-                                                                              4 if k == "mkl" else ONEDNN)]
+    assert lean.packable(4) == [k for k in ("mkl", ONEDNN, NATIVE) if Linear.can_pack(lean.down.weight,
+                                                                                      4 if k == "mkl" else k)]
     ref = EagleDrafter(with_weights(draft, lean), lean=False)
     for a, b in zip(draft_trees(ref, target), draft_trees(drafter, target)):
         assert a.tokens == b.tokens and a.parents == b.parents
