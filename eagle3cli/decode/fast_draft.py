@@ -29,25 +29,38 @@ from .weight_quant import KINDS, QuantLinear, available, quantize
 
 
 def compute_dtype(fast_target) -> torch.dtype | None:
-    """What the drafter computes in beside ``fast_target``: bfloat16 beside a bf16 fast path on a CPU
-    whose oneDNN has bf16 kernels (AMX), else None (the draft's own dtype). A drafting level is
-    bound by reading the draft's weights, which the target's forward has just evicted from the
-    caches: in bf16 a 16-node tree drafts in 5.5 ms a cycle against 7.2 in fp32 and a chain of 3 in
-    3.9 against 4.4 on 2 AMX Xeon cores (``benchmarks/draft_paths.py``). Only the proposals change,
-    within bf16 rounding; what is accepted is still the target's own greedy output."""
-    if fast_target is None or fast_target.embed.dtype != torch.bfloat16:
+    """What the drafter computes in beside ``fast_target``: bfloat16 on a CPU where oneDNN packs
+    bf16 matmuls, beside a bf16 fast path, or beside an fp32 one where the CPU multiplies bf16 in
+    hardware (AVX512-BF16, AMX); else None (the draft's own dtype). A drafting level is bound by
+    reading the draft's weights, which the target's forward has just evicted from the caches: in
+    bf16 a 16-node tree drafts in 5.5 ms a cycle against 7.2 in fp32 and a chain of 3 in 3.9
+    against 4.4 on 2 AMX Xeon cores (``benchmarks/draft_paths.py``); beside SmolLM2 in fp32 on 2
+    AVX512-BF16 cores a 3-node tree's draft costs 1.8 ms a cycle against 2.1-2.4 (tau 1.302 against
+    1.307, 5 prompts). Only the proposals change, within bf16 rounding; what is accepted is still
+    the target's own greedy output."""
+    from ..core.hardware import has_bf16_matmul
+
+    if fast_target is None or fast_target.embed.dtype not in (torch.bfloat16, torch.float32):
         return None
-    return torch.bfloat16 if Linear.can_pack(fast_target.head.weight, ONEDNN) else None
+    if fast_target.embed.dtype == torch.float32 and not has_bf16_matmul():
+        return None  # emulated bf16 is slower than fp32
+    probe = torch.empty(1, 1, dtype=torch.bfloat16, device=fast_target.embed.device)
+    return torch.bfloat16 if Linear.can_pack(probe, ONEDNN) else None
 
 
 def weights_for(fast_target, requested: str = "auto") -> str:
     """What ``requested`` (``--draft-weights``: auto, full, int8, int4) stores the drafter's matmuls
-    as beside ``fast_target``. auto: int4 where the draft steps in bf16 (``compute_dtype``), the
-    setting measured there (a level reads a quarter of the bytes; same acceptance on SmolLM2:
-    docs/benchmarks.md, "The speculative cycle and its overhead"), else full."""
+    as beside ``fast_target``. auto: int4 beside a bf16 fast path on an AMX CPU, the setting
+    measured there (a level reads a quarter of the bytes; same acceptance on SmolLM2:
+    docs/benchmarks.md, "The speculative cycle and its overhead"), else full: without AMX torch's
+    int4 kernel took 24 ms for a SmolLM2 draft step that bf16 does in 1.8 (2 AVX512-BF16 cores)."""
+    from ..core.hardware import has_amx_bf16
+
     if requested != "auto":
         return requested
-    return "int4" if compute_dtype(fast_target) == torch.bfloat16 and available("int4") else "full"
+    bf16_target = fast_target is not None and fast_target.embed.dtype == torch.bfloat16
+    amx = bf16_target and compute_dtype(fast_target) == torch.bfloat16 and has_amx_bf16()
+    return "int4" if amx and available("int4") else "full"
 
 
 class ExactRowsLinear(Linear):

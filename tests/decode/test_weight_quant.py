@@ -142,7 +142,10 @@ def test_draft_weights_rule():
     assert weights_for(None) == "full" and weights_for(fast32) == "full"  # fp32 target: the draft's weights
     assert weights_for(fast32, "int8") == "int8" and weights_for(None, "full") == "full"
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 64)
-    assert weights_for(bf16) == ("int4" if compute_dtype(bf16) == torch.bfloat16 and "int4" in KINDS else "full")
+    from eagle3cli.core.hardware import has_amx_bf16
+
+    amx_int4 = compute_dtype(bf16) == torch.bfloat16 and has_amx_bf16() and weight_quant.available("int4")
+    assert weights_for(bf16) == ("int4" if amx_int4 else "full")
     with pytest.raises(ValueError, match="lean step"):
         EagleDrafter(option_draft(target, {}), lean=False, weights="int4")
     with pytest.raises(ValueError, match="full, int8 or int4"):

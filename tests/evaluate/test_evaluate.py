@@ -85,17 +85,23 @@ def test_eval_chain_reports_n_alpha(smol_tiny_dir, turns_file, tmp_path):
     assert len(t["n_alpha"]) == 2
     packing = res["draft_packing"]  # a chain's steps are one row: timed as they run, or nothing packs here
     assert packing is None or (packing["rows"] == 1 and packing["ms"][packing["uses"]] == min(packing["ms"].values()))
-    # the draft steps in bf16 exactly when the target runs bf16 where oneDNN packs bf16 (AMX CPUs)
+    # the draft steps in bf16 where oneDNN packs bf16, beside a bf16 target or on a CPU that
+    # multiplies bf16 in hardware (fast_draft.compute_dtype)
+    from eagle3cli.core.hardware import has_amx_bf16, has_bf16_matmul
     from eagle3cli.decode.fast_target import ONEDNN, Linear
 
     packs_bf16 = Linear.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16), ONEDNN)
-    bf16_draft = res["target_dtype"] == "bfloat16" and packs_bf16
+    bf16_target = res["target_dtype"] == "bfloat16"
+    bf16_draft = packs_bf16 and (bf16_target or has_bf16_matmul())
     assert res["draft_dtype"] == ("bfloat16" if bf16_draft else "float32")
-    # and with int4 weights there (fast_draft.weights_for), the draft's every matmul fitting the kernel
-    assert res["draft_weights"] == ("int4" if bf16_draft else "full")
+    # and with int4 weights beside a bf16 target on AMX (fast_draft.weights_for)
+    assert res["draft_weights"] == ("int4" if bf16_draft and bf16_target and has_amx_bf16() else "full")
 
 
-def test_eval_draft_weights_int8_is_lossless_and_recorded(smol_tiny_dir, turns_file, tmp_path):
+def test_eval_draft_weights_int8_is_lossless_and_recorded(smol_tiny_dir, turns_file, tmp_path, monkeypatch):
+    from eagle3cli.core import hardware
+
+    monkeypatch.setattr(hardware, "has_bf16_matmul", lambda: False)  # the draft steps in fp32, as on AVX2
     draft = make_draft(smol_tiny_dir, tmp_path / "draft")
     out = tmp_path / "out"
     r = runner.invoke(app, ["eval", "--model", str(smol_tiny_dir), "--draft", str(draft), "--task", str(turns_file),
