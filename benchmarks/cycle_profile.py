@@ -69,10 +69,14 @@ def main(argv=None) -> int:
     prompts = load_turns_file(args.prompts or bundled_prompts(), args.limit)
     split = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     cycles = tokens = 0
+    wall = prefill = 0.0
     with torch.no_grad():
         for pr in prompts:
             ids = encode(tok, [{"role": "user", "content": pr.turns[0]}])
+            t0 = time.perf_counter()
             r = speculative_generate(target, drafter, ids, s, fast=fast)
+            wall += time.perf_counter() - t0
+            prefill += r.times.get("prefill", 0.0)
             for k in split:
                 split[k] += r.times[k]
             cycles, tokens = cycles + r.forwards, tokens + r.decode_tokens
@@ -81,6 +85,9 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} "
           f"threads: {cycles} cycles, tau {tokens / max(1, cycles):.3f}")
     print("per cycle: " + ", ".join(f"{k} {per(v):.2f} ms" for k, v in split.items()))
+    outside = wall - prefill - sum(split.values())
+    print(f"whole generations {1000 * wall / len(prompts):.1f} ms each: the target's prefill "
+          f"{1000 * prefill / len(prompts):.1f} ms, the rest outside the cycles' parts {per(outside):.2f} ms a cycle")
     rest = spent.get("_logq", 0.0) - spent.get("logits", 0.0)
     print(f"  draft parts: observe {per(spent.get('observe', 0)):.2f} ms, expand {per(spent.get('expand', 0)):.2f} ms; "
           f"layer steps {per(spent.get('step', 0)):.2f}, head {per(spent.get('logits', 0)):.2f}, "

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/gemv_stream.py [--model $SMOL] [--threads 2] [--rounds 9]
     PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --decode [-n 64] [--rounds 5]
+    PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --rows 1,2,3,4,8,16 [--rounds 9]
 
 A step of plain decoding is one-row matmuls over every weight matrix, so its speed is the rate
 those calls stream weights from memory. Kernel loop (the default): the fast path's matrices of
@@ -15,6 +16,13 @@ oneDNN-prepacked, under the native packing (each layer one compiled call: ``deco
 one MKL-packed for one row, and MKL for the matrices under --split MB with oneDNN for the rest,
 interleaved --rounds times; medians and ratios to oneDNN. The kernel loop has the native matmul
 (``native.Matrix``) as its first row where it is built here.
+
+``--rows``: what a verification of m rows costs against one row, on the native kernels: the
+matmul alone over every matrix (random weights of the model's shapes, each pass after reading a
+buffer larger than the caches, as a decoding step finds them after the previous step), and the
+whole forward of m new tokens behind a 120-token prefix (``FastTarget.forward``: native layers,
+the head over the whole vocabulary), all row counts interleaved in each round; medians, and the
+median per-round ratio to one row.
 """
 
 from __future__ import annotations
@@ -117,6 +125,48 @@ def decode(fast: FastTarget, prompt: torch.Tensor, n: int, rounds: int, split_mb
         print(f"| {k} | {statistics.median(v):.1f} | {statistics.median([a / b for a, b in zip(v, base)]):.3f} |")
 
 
+def rows_loop(model, rows: list[int], rounds: int) -> None:
+    if not native.available():
+        sys.exit(f"--rows times the native kernels, which are not used here: {native.status()}")
+    torch.manual_seed(0)
+    fast = FastTarget(model, 160)
+    fast.decoder.repack((NATIVE, ONEDNN))
+    mats = [native.Matrix(torch.randn(lin.weight.shape) * 0.02) for lin in fast.decoder.linears()]
+    evict = torch.ones(64 * 2**20)  # 256 MB: more than any last-level cache
+    prefix = 120
+    with torch.inference_mode():
+        fast.forward(torch.randint(0, model.config.vocab_size, (prefix,)), torch.arange(prefix), 0)
+
+    def matmuls(m):
+        xs = {c: torch.randn(m, c) for c in {w.cols for w in mats}}
+        return lambda: [w(xs[w.cols]) for w in mats]
+
+    def forward(m):
+        ids, pos = torch.randint(0, model.config.vocab_size, (m,)), torch.arange(prefix, prefix + m)
+        return lambda: fast.forward(ids, pos, prefix)
+
+    fns = {(kind, m): make(m) for kind, make in (("matmuls", matmuls), ("forward", forward)) for m in rows}
+    times = {k: [] for k in fns}
+    with torch.inference_mode():
+        for f in fns.values():
+            f()
+        for _ in range(rounds):
+            for k, f in fns.items():
+                evict.sum()
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+    print(f"native kernels, {torch.get_num_threads()} threads, medians of {rounds} interleaved rounds\n")
+    print("| rows | matmuls ms | x 1 row | forward ms | x 1 row |\n|---|---|---|---|---|")
+    for m in rows:
+        cells = []
+        for kind in ("matmuls", "forward"):
+            one, ts = times[kind, rows[0]], times[kind, m]
+            ratio = statistics.median([a / b for a, b in zip(ts, one)])
+            cells += [f"{1000 * statistics.median(ts):.2f}", f"{ratio:.2f}"]
+        print(f"| {m} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
@@ -125,6 +175,8 @@ def main():
     ap.add_argument("--decode", action="store_true", help="decode with each packing instead of the kernel loop")
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--split", type=float, default=2.0, help="--decode: MB under which a matrix is MKL-packed")
+    ap.add_argument("--rows", default=None, help="comma-separated row counts (the first is the base, say 1): "
+                    "the native matmul and forward at each instead of the kernel loop")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -134,6 +186,9 @@ def main():
 
         args.model = str(smollm2_dir())
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    if args.rows:
+        rows_loop(model, [int(v) for v in args.rows.split(",")], args.rounds)
+        return
     if not args.decode:
         kernel_loop(FastTarget(model, 16), args.rounds)
         return
