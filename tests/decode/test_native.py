@@ -197,3 +197,22 @@ def test_attention_over_a_long_cache_is_the_same_on_any_thread_count():
     want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=causal, scale=scale)
     torch.testing.assert_close(outs[0], want.transpose(0, 1).reshape(n, nh * hd).float(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kv[:, :, past:], qkv0[:, nh * hd:].view(n, 2, nkv, hd).permute(1, 2, 0, 3))
+
+
+@needs_kernel
+@pytest.mark.parametrize("hd", [8, 64])  # one element at a time; 16 at a time with vectorised exponentials
+@pytest.mark.parametrize("spread", [1.0, 30.0])  # scores far apart: most exponentials underflow to 0
+def test_masked_attention_matches_float64(hd, spread):
+    g = torch.Generator().manual_seed(3)
+    nh, nkv, past, n = 4, 2, 37, 5
+    kv0 = torch.randn(2, nkv, past + n, hd, generator=g)
+    qkv = torch.randn(n, (nh + 2 * nkv) * hd, generator=g) * spread
+    mask = torch.rand(n, past + n, generator=g) < 0.6
+    mask[torch.arange(n), past + torch.arange(n)] = True  # each row sees itself
+    cos, sin = torch.ones(past + n, hd), torch.zeros(past + n, hd)
+    kv = kv0.clone()
+    got = native.attend(qkv.clone(), torch.arange(past, past + n), cos, sin, kv, past, nh, hd ** -0.5, mask=mask)
+    q = qkv[:, :nh * hd].view(n, nh, hd).transpose(0, 1).double()
+    keys, values = kv.double().repeat_interleave(nh // nkv, 1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5)
+    torch.testing.assert_close(got, want.transpose(0, 1).reshape(n, nh * hd).float(), atol=1e-5, rtol=1e-5)
