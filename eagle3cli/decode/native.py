@@ -83,7 +83,8 @@ static inline float dot(const float* a, const float* b, long n) {
    rows a tile made extra inputs cost more than the memory stream they overlap; more inputs spill.
    With several inputs (pf) each step also prefetches the next tile's rows at the same columns: the
    memory keeps streaming while the extra inputs are multiplied (a 4-row SmolLM2 step's matmuls
-   1.05x one row's, against 1.20-1.28x without); one row needs no help from it. */
+   1.05x one row's, against 1.20-1.28x without); one row needs no help from it. (The last tile's
+   prefetches point past the matrix: a prefetch never faults, and reads nothing it cannot.) */
 #define TR 8
 #define TM 3
 #define TILE(M)                                                                                      \
