@@ -1,0 +1,310 @@
+"""The C source of eagle3's CPU decoding kernels (``native`` compiles and loads it).
+
+One fp32 matmul for up to MAX_ROWS input rows (``eagle3_gemv_f32``), the attention of n query
+rows over one layer's KV cache with RoPE and the cache write (``eagle3_attend``), and a whole
+Llama-shaped decoder layer (``eagle3_layer``). GCC/Clang vector extensions, no intrinsics: the
+compiler targets the building CPU (-march=native). Each function's comment says how it keeps its
+results independent of the row count and the threads, which is what makes a verification bitwise
+one-token decoding.
+"""
+
+SOURCE = r"""
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+static inline v16 ld(const float* p) { return *(const v16*)p; }
+
+/* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
+static inline float reduce1(v16 s) {
+    v8 l, h; memcpy(&l, &s, 32); memcpy(&h, (const char*)&s + 32, 32);
+    v8 s8 = l + h;
+    v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
+    v4 s4 = l4 + h4;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* a . b over n floats (norms, attention): two 16-lane partial sums over alternating 16-element
+   blocks, reduce, then the leftover elements one by one */
+static inline float dot(const float* a, const float* b, long n) {
+    v16 z = {0}, s = z, t = z;
+    long i = 0;
+    for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
+    if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
+    float r = reduce1(s + t);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* The matmul's tiles. Every (weight row, input row) product is accumulated in one 16-lane sum over
+   the 16-column blocks in order, reduced in reduce1's order, then the leftover columns are added
+   one by one with fmaf: the same sequence whichever tile computes it, so a row's result does not
+   depend on how many input rows come with it. A tile holds TR weight rows against up to TM input
+   rows (24 accumulators, within the 32 vector registers): the rows are read from memory once and
+   from L1 for the other inputs, and each input's vector is loaded once for TR rows. Fewer weight
+   rows a tile made extra inputs cost more than the memory stream they overlap; more inputs spill.
+   With several inputs (pf) each step also prefetches the next tile's rows at the same columns: the
+   memory keeps streaming while the extra inputs are multiplied (a 4-row SmolLM2 step's matmuls
+   1.05x one row's, against 1.20-1.28x without); one row needs no help from it. (The last tile's
+   prefetches point past the matrix: a prefetch never faults, and reads nothing it cannot.) */
+#define TR 8
+#define TM 3
+#define TILE(M)                                                                                      \
+static inline __attribute__((always_inline)) void tile##M(const float* w, long cols, const float* x, \
+                                                          float* out, int pf) {                      \
+    v16 z = {0}, acc[TR][M];                                                                         \
+    for (int r = 0; r < TR; r++) for (int j = 0; j < M; j++) acc[r][j] = z;                          \
+    long c = 0;                                                                                      \
+    for (; c + 16 <= cols; c += 16) {                                                                \
+        v16 xv[M];                                                                                   \
+        for (int j = 0; j < M; j++) xv[j] = ld(x + j * cols + c);                                    \
+        if (pf) for (int r = 0; r < TR; r++) __builtin_prefetch(w + (TR + r) * cols + c, 0, 0);     \
+        for (int r = 0; r < TR; r++) {                                                               \
+            v16 wv = ld(w + r * cols + c);                                                           \
+            for (int j = 0; j < M; j++) acc[r][j] += wv * xv[j];                                     \
+        }                                                                                            \
+    }                                                                                                \
+    for (int r = 0; r < TR; r++)                                                                     \
+        for (int j = 0; j < M; j++) {                                                                \
+            float s = reduce1(acc[r][j]);                                                            \
+            for (long t = c; t < cols; t++) s = fmaf(w[r * cols + t], x[j * cols + t], s);           \
+            out[j * TR + r] = s;                                                                     \
+        }                                                                                            \
+}
+TILE(1) TILE(2) TILE(3)
+
+/* one weight row against one input row, in the tiles' order (the rows after the last full tile) */
+static inline float dot_row(const float* w, const float* x, long cols) {
+    v16 a = {0};
+    long c = 0;
+    for (; c + 16 <= cols; c += 16) a += ld(w + c) * ld(x + c);
+    float s = reduce1(a);
+    for (long t = c; t < cols; t++) s = fmaf(w[t], x[t], s);
+    return s;
+}
+
+#if defined(__clang__)
+#define NO_FMA
+#else
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+#endif
+
+/* RoPE on heads [heads, hd] in place: x * cos + swap(x) * sin_signed, each product rounded before
+   the sum, as torch's separate mul and add round them */
+NO_FMA static void rope(float* x, const float* cos, const float* sin, long heads, long hd) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    long half = hd / 2;
+    for (long h = 0; h < heads; h++) {
+        float* v = x + h * hd;
+        for (long d = 0; d < half; d++) {
+            float a = v[d], b = v[d + half];
+            float sa = b * sin[d], sb = a * sin[d + half];
+            float ca = a * cos[d], cb = b * cos[d + half];
+            v[d] = ca + sa;
+            v[d + half] = cb + sb;
+        }
+    }
+}
+
+/* e^x, 16 at a time: x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative
+   error below 1e-8, under float's rounding), times 2^k through the exponent bits. Below -87 (e^x
+   under float's smallest normal) it returns 0; above 88 it returns e^88 (silu's use: g / (1 + e^-g)
+   is then 0 to float's precision). expf one element at a time was a third of a head's attention
+   and most of silu's time. */
+typedef int vi16 __attribute__((vector_size(64)));
+static inline v16 vsel(vi16 m, v16 a, v16 b) {  /* m ? a : b, lane by lane */
+    vi16 ai, bi;
+    memcpy(&ai, &a, 64); memcpy(&bi, &b, 64);
+    vi16 r = (ai & m) | (bi & ~m);
+    v16 out;
+    memcpy(&out, &r, 64);
+    return out;
+}
+static inline v16 vexp(v16 x) {
+    const v16 lo = {0}, magic = lo + 12582912.f;  /* 1.5 * 2^23: adding it rounds to an integer */
+    vi16 under = x < -87.f;
+    x = vsel(x > 88.f, lo + 88.f, x);
+    v16 t = x * 1.44269504f + magic;
+    v16 k = t - magic;
+    v16 r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;  /* ln2 in two parts */
+    v16 e = 1.f / 5040 + lo;
+    e = e * r + 1.f / 720; e = e * r + 1.f / 120; e = e * r + 1.f / 24;
+    e = e * r + 1.f / 6; e = e * r + 0.5f; e = e * r + 1.f; e = e * r + 1.f;
+    vi16 bits = (__builtin_convertvector(k, vi16) + 127) << 23;
+    v16 scale2;
+    memcpy(&scale2, &bits, 64);
+    return vsel(under, lo, e * scale2);
+}
+
+#define MAX_HD16 16  /* head dims up to 256 keep their output in registers */
+
+/* one query head over its keys: scores, their softmax, the weighted sum of values (hd a multiple
+   of 16): q and the output held in vectors, the exponentials 16 at a time */
+static inline void head_v(const float* q, const float* K, const float* V, const unsigned char* may, long last,
+                          long hd, float scale, float* sc, float* o) {
+    long nv = hd / 16;
+    v16 qv[MAX_HD16], acc[MAX_HD16], z = {0};
+    for (long k = 0; k < nv; k++) { qv[k] = ld(q + 16 * k); acc[k] = z; }
+    float mx = -INFINITY;
+    for (long t = 0; t < last; t++) {
+        const float* kt = K + t * hd;
+        v16 s = qv[0] * ld(kt);
+        for (long k = 1; k < nv; k++) s += qv[k] * ld(kt + 16 * k);
+        float v = reduce1(s) * scale;
+        sc[t] = v;
+        if ((!may || may[t]) && v > mx) mx = v;
+    }
+    long t = 0;
+    for (; t + 16 <= last; t += 16) *(v16*)(sc + t) = vexp(ld(sc + t) - mx);
+    if (t < last) {
+        float tail[16];
+        for (long j = 0; j < 16; j++) tail[j] = t + j < last ? sc[t + j] - mx : -INFINITY;
+        v16 e = vexp(ld(tail));
+        memcpy(sc + t, &e, (last - t) * sizeof(float));
+    }
+    float sum = 0.f;
+    for (t = 0; t < last; t++) if (!may || may[t]) sum += sc[t];
+    float inv = 1.f / sum;
+    for (t = 0; t < last; t++) {
+        if (may && !may[t]) continue;
+        float pt = sc[t] * inv;
+        const float* vt = V + t * hd;
+        for (long k = 0; k < nv; k++) acc[k] += pt * ld(vt + 16 * k);
+    }
+    for (long k = 0; k < nv; k++) memcpy(o + 16 * k, &acc[k], 64);
+}
+
+/* the same for any head dim, one key and one element at a time */
+static inline void head_scalar(const float* q, const float* K, const float* V, const unsigned char* may,
+                               long last, long hd, float scale, float* sc, float* o) {
+    float mx = -INFINITY, sum = 0.f;
+    for (long t = 0; t < last; t++) {
+        if (may && !may[t]) continue;
+        float s = dot(q, K + t * hd, hd) * scale;
+        sc[t] = s;
+        mx = s > mx ? s : mx;
+    }
+    for (long t = 0; t < last; t++) {
+        if (may && !may[t]) continue;
+        sc[t] = expf(sc[t] - mx);
+        sum += sc[t];
+    }
+    for (long d = 0; d < hd; d++) o[d] = 0.f;
+    for (long t = 0; t < last; t++) {
+        if (may && !may[t]) continue;
+        float p = sc[t] / sum;
+        const float* v = V + t * hd;
+        for (long d = 0; d < hd; d++) o[d] += p * v[d];
+    }
+}
+
+/* n query rows over one layer's cache kv [2, nkv, P, hd] (keys, then values), the rows at slots
+   past..past+n-1: rotate q and k of each row of qkv [n, q heads | k heads | v heads] in place at
+   its position pos[i] (cos, sin: tables [positions, hd]), write its k and v at slot past + i, and
+   out[i] = softmax(q K^T * scale) V per query head (its KV group's keys) over the slots row i may
+   attend: mask[i * (past + n) + t] != 0, or (mask NULL) every slot up to past + i.
+   scores: scratch of threads * (past + n) floats. The (row, head) pairs are split over the threads
+   once there is enough work to pay for waking them (a verification's rows over a long cache: one
+   thread took about 2 ms of a SmolLM2 4-row step); each pair is computed alike on any thread. */
+void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const float* sin, float* kv, long P,
+                   long past, const unsigned char* mask, long nh, long nkv, long hd, float scale, float* out,
+                   float* scores, int threads) {
+    long nq = (nh + 2 * nkv) * hd, len = past + n, group = nh / nkv;
+    float *kc = kv, *vc = kv + nkv * P * hd;
+    for (long i = 0; i < n; i++) {
+        float* row = qkv + i * nq;
+        rope(row, cos + pos[i] * hd, sin + pos[i] * hd, nh + nkv, hd);
+        for (long g = 0; g < nkv; g++) {
+            memcpy(kc + (g * P + past + i) * hd, row + (nh + g) * hd, hd * sizeof(float));
+            memcpy(vc + (g * P + past + i) * hd, row + (nh + nkv + g) * hd, hd * sizeof(float));
+        }
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * nh * len * hd >= 65536)
+    for (long ih = 0; ih < n * nh; ih++) {
+        long i = ih / nh, h = ih % nh;
+        const unsigned char* may = mask ? mask + i * len : 0;
+        long last = mask ? len : past + i + 1;
+        float* sc = scores + omp_get_thread_num() * len;
+        const float* q = qkv + i * nq + h * hd;
+        const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
+        float* o = out + i * nh * hd + h * hd;
+        if (hd % 16 == 0 && hd <= 16 * MAX_HD16) head_v(q, K, V, may, last, hd, scale, sc, o);
+        else head_scalar(q, K, V, may, last, hd, scale, sc, o);
+    }
+}
+
+/* (x W^T + bias) then + add, rounded as those two separate operations would round */
+static inline float finish(float v, const float* bias, const float* add, long i, long rows, long r) {
+    if (bias) v = v + bias[r];
+    return add ? add[i * rows + r] + v : v;
+}
+
+/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: tiles of TR weight
+   rows split statically over the threads, each read once for all m input rows, TM inputs at a time */
+void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long cols, long m,
+                     const float* bias, const float* add, int threads) {
+    long tiles = rows / TR;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long ti = 0; ti < tiles; ti++) {
+        long r = ti * TR;
+        for (long i = 0; i < m;) {
+            long n = m - i < TM ? m - i : TM;
+            float o[TM * TR];
+            const float *w = W + r * cols, *xi = x + i * cols;
+            if (n == 3) tile3(w, cols, xi, o, m > 1);
+            else if (n == 2) tile2(w, cols, xi, o, m > 1);
+            else tile1(w, cols, xi, o, m > 1);
+            for (long j = 0; j < n; j++)
+                for (int k = 0; k < TR; k++)
+                    y[(i + j) * rows + r + k] = finish(o[j * TR + k], bias, add, i + j, rows, r + k);
+            i += n;
+        }
+    }
+    for (long r = tiles * TR; r < rows; r++)
+        for (long i = 0; i < m; i++)
+            y[i * rows + r] = finish(dot_row(W + r * cols, x + i * cols, cols), bias, add, i, rows, r);
+}
+
+/* out = w * (x * rsqrt(mean(x^2) + eps)), HF's LlamaRMSNorm in fp32 */
+static void rmsnorm(const float* x, const float* w, float eps, long n, float* out) {
+    float r = 1.f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (long i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* A Llama-shaped decoder layer for n rows, x [n, H] updated in place:
+   x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
+   scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + threads (past + n) floats. */
+void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, float eps,
+                  const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
+                  long inter, const long* pos, const float* cos, const float* sin, float* kv, long P, long past,
+                  const unsigned char* mask, long nh, long nkv, long hd, float scale, float* scratch, int threads) {
+    long nq = (nh + 2 * nkv) * hd, wide = H > inter ? H : inter;
+    float *h = scratch, *qkv = h + n * wide, *attn = qkv + n * nq, *gu = attn + n * nh * hd;
+    float *scores = gu + n * 2 * inter;
+    for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln1, eps, H, h + i * H);
+    eagle3_gemv_f32(Wqkv, h, qkv, nq, H, n, bqkv, 0, threads);
+    eagle3_attend(qkv, n, pos, cos, sin, kv, P, past, mask, nh, nkv, hd, scale, attn, scores, threads);
+    eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
+    for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
+    eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);
+    /* silu(gate) * up, 16 elements at a time (vexp), rows split over the threads */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n > 1)
+    for (long i = 0; i < n; i++) {
+        const float *g = gu + i * 2 * inter, *up = g + inter;
+        float* hi = h + i * inter;
+        long j = 0;
+        for (; j + 16 <= inter; j += 16) {
+            v16 gv = ld(g + j);
+            v16 a = gv / (1.f + vexp(-gv)) * ld(up + j);
+            memcpy(hi + j, &a, 64);
+        }
+        for (; j < inter; j++) hi[j] = g[j] / (1.f + expf(-g[j])) * up[j];
+    }
+    eagle3_gemv_f32(Wd, h, x, H, inter, n, 0, x, threads);
+}
+"""
