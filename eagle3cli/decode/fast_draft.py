@@ -35,9 +35,9 @@ def compute_dtype(fast_target) -> torch.dtype | None:
     reading the draft's weights, which the target's forward has just evicted from the caches: in
     bf16 a 16-node tree drafts in 5.5 ms a cycle against 7.2 in fp32 and a chain of 3 in 3.9
     against 4.4 on 2 AMX Xeon cores (``benchmarks/draft_paths.py``); beside SmolLM2 in fp32 on 2
-    AVX512-BF16 cores a 3-node tree's draft costs 1.8 ms a cycle against 2.1-2.4 (tau 1.302 against
-    1.307, 5 prompts). Only the proposals change, within bf16 rounding; what is accepted is still
-    the target's own greedy output."""
+    AVX512-BF16 cores a 3-node tree's draft costs 1.82 ms a cycle against 2.08 (10 prompts, the
+    same tau), and 1.08 with int4 weights (``weights_for``). Only the proposals change, within bf16
+    rounding; what is accepted is still the target's own greedy output."""
     from ..core.hardware import has_bf16_matmul
 
     if fast_target is None or fast_target.embed.dtype not in (torch.bfloat16, torch.float32):
@@ -50,17 +50,15 @@ def compute_dtype(fast_target) -> torch.dtype | None:
 
 def weights_for(fast_target, requested: str = "auto") -> str:
     """What ``requested`` (``--draft-weights``: auto, full, int8, int4) stores the drafter's matmuls
-    as beside ``fast_target``. auto: int4 beside a bf16 fast path on an AMX CPU, the setting
-    measured there (a level reads a quarter of the bytes; same acceptance on SmolLM2:
-    docs/benchmarks.md, "The speculative cycle and its overhead"), else full: without AMX torch's
-    int4 kernel took 24 ms for a SmolLM2 draft step that bf16 does in 1.8 (2 AVX512-BF16 cores)."""
-    from ..core.hardware import has_amx_bf16
-
+    as beside ``fast_target``. auto: int4 where the draft steps in bf16 (``compute_dtype``), else
+    full. A level then reads a quarter of bf16's bytes with the same acceptance: a 16-node tree
+    drafts in 4.6 ms a cycle against 6.5 in bf16 on 2 AMX Xeon cores; a 3-node tree beside SmolLM2
+    in fp32 in 1.08 ms against 1.82 (bf16) and 2.08 (fp32) on 2 AVX512-BF16 AMD cores
+    (``benchmarks/draft_paths.py``; docs/benchmarks.md, "The speculative cycle and its overhead").
+    With fp32 inputs torch's integer kernels are slower than full weights, so fp32 drafts stay full."""
     if requested != "auto":
         return requested
-    bf16_target = fast_target is not None and fast_target.embed.dtype == torch.bfloat16
-    amx = bf16_target and compute_dtype(fast_target) == torch.bfloat16 and has_amx_bf16()
-    return "int4" if amx and available("int4") else "full"
+    return "int4" if compute_dtype(fast_target) == torch.bfloat16 and available("int4") else "full"
 
 
 class ExactRowsLinear(Linear):
