@@ -335,7 +335,8 @@ class EvalOptions(TargetOptions):
                                "it too; speedup is against the faster plain decoding.", choices=("auto", "on", "off"))
     draft_weights: str = option("auto", "Store the drafter's matmul weights as integers "
                                         "(CPU weight-only kernels; only proposals change, decoding stays lossless). "
-                                        "auto: int4 where the draft steps in bf16 (beside a bf16 target, or on bf16 hardware), "
+                                        "auto: int4 where the draft steps in bf16 "
+                                        "(beside a bf16 target, or on bf16 hardware), "
                                         "else full (with fp32 "
                                         "inputs the integer kernels are slower than full weights).",
                                 choices=("auto", "full", "int8", "int4"))
