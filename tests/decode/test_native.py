@@ -191,11 +191,8 @@ def test_attention_over_a_long_cache_is_the_same_on_any_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
-    q = qkv0[:, :nh * hd].view(n, nh, hd).transpose(0, 1).double()  # [nh, n, hd]
-    keys, values = kv.double().repeat_interleave(nh // nkv, 1)  # the kernel wrote the new rows' k, v
     causal = torch.ones(n, past + n, dtype=torch.bool).tril(past)
-    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=causal, scale=scale)
-    torch.testing.assert_close(outs[0], want.transpose(0, 1).reshape(n, nh * hd).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[0], _float64_attention(qkv0, kv, nh, causal, scale), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kv[:, :, past:], qkv0[:, nh * hd:].view(n, 2, nkv, hd).permute(1, 2, 0, 3))
 
 
@@ -205,14 +202,20 @@ def test_attention_over_a_long_cache_is_the_same_on_any_thread_count():
 def test_masked_attention_matches_float64(hd, spread):
     g = torch.Generator().manual_seed(3)
     nh, nkv, past, n = 4, 2, 37, 5
-    kv0 = torch.randn(2, nkv, past + n, hd, generator=g)
+    kv = torch.randn(2, nkv, past + n, hd, generator=g)
     qkv = torch.randn(n, (nh + 2 * nkv) * hd, generator=g) * spread
     mask = torch.rand(n, past + n, generator=g) < 0.6
     mask[torch.arange(n), past + torch.arange(n)] = True  # each row sees itself
     cos, sin = torch.ones(past + n, hd), torch.zeros(past + n, hd)
-    kv = kv0.clone()
     got = native.attend(qkv.clone(), torch.arange(past, past + n), cos, sin, kv, past, nh, hd ** -0.5, mask=mask)
-    q = qkv[:, :nh * hd].view(n, nh, hd).transpose(0, 1).double()
-    keys, values = kv.double().repeat_interleave(nh // nkv, 1)
-    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5)
-    torch.testing.assert_close(got, want.transpose(0, 1).reshape(n, nh * hd).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, _float64_attention(qkv, kv, nh, mask, hd ** -0.5), atol=1e-5, rtol=1e-5)
+
+
+def _float64_attention(qkv: torch.Tensor, kv: torch.Tensor, nh: int, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Grouped-query attention of qkv's query heads over the cache kv [2, nkv, slots, hd] (the
+    kernel has written the new rows' k and v there), in float64: [n, nh * hd] as float32."""
+    n, hd = qkv.shape[0], kv.shape[-1]
+    q = qkv[:, :nh * hd].view(n, nh, hd).transpose(0, 1).double()  # [nh, n, hd]
+    keys, values = kv.double().repeat_interleave(nh // kv.shape[1], 1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).reshape(n, nh * hd).float()
