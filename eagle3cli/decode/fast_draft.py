@@ -133,8 +133,7 @@ class FastDraft:
         full = [lin.weight for lin in self.linears() if not isinstance(lin, QuantLinear)]
         if not full:
             return []
-        key = {"mkl": rows}
-        return [k for k in ("mkl", ONEDNN, NATIVE) if Linear.can_pack(full[0], key.get(k, k))]
+        return [k for k in ("mkl", ONEDNN, NATIVE) if Linear.can_pack(full[0], rows if k == "mkl" else k)]
 
     # ---- cache ------------------------------------------------------------------------------
     def __len__(self) -> int:
