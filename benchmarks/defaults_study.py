@@ -45,13 +45,14 @@ ARCH = {
 }
 LRS = ("1e-4", "3e-4", "1e-3", "3e-3")
 DEFAULT_REST = ("--lr-schedule", "cosine", "--min-lr-ratio", "0", "--warm-start", "none", "--no-freeze-head",
-                "--init-std", "0.02")
+                "--init-std", "0.02", "--loss-on", "answers")
 # Variations of one base configuration (--base ARCH-LR).
 SCHEDULES = {"linear": ("--lr-schedule", "linear"), "floor 0.1": ("--min-lr-ratio", "0.1"),
-             "constant": ("--lr-schedule", "constant")}
+             "constant": ("--lr-schedule", "constant"), "warmup 0.1": ("--warmup-ratio", "0.1")}
 INITS = {"head from target": ("--warm-start", "head"), "head from target, frozen": ("--warm-start", "head",
                                                                                       "--freeze-head"),
-         "init std 0.01": ("--init-std", "0.01"), "init std 0.05": ("--init-std", "0.05")}
+         "init std 0.01": ("--init-std", "0.01"), "init std 0.05": ("--init-std", "0.05"),
+         **{f"residual init {x}": ("--residual-init-std", x) for x in ("0", "0.002", "0.005", "0.01")}}
 
 
 def configs(args) -> dict[str, tuple[str, ...]]:
@@ -62,8 +63,9 @@ def configs(args) -> dict[str, tuple[str, ...]]:
         for arch, flags in ARCH.items():
             for lr in LRS:
                 out[f"{arch}-{lr}"] = (*flags, "--lr", lr, *DEFAULT_REST)
-    base_arch, base_lr = args.base.split("-", 1)
-    base = (*ARCH[base_arch], "--lr", base_lr, *DEFAULT_REST)
+    arch_lr, _, base_schedule = args.base.partition(" ")  # "nbf-1e-3" or "nbf-1e-3 linear"
+    base_arch, base_lr = arch_lr.split("-", 1)
+    base = (*ARCH[base_arch], "--lr", base_lr, *DEFAULT_REST, *SCHEDULES.get(base_schedule, ()))
     for grid, table in (("schedule", SCHEDULES), ("init", INITS)):
         if grid in grids:
             out[args.base] = base
@@ -94,7 +96,7 @@ def one_run(name: str, flags: tuple[str, ...], seed: int, args, work: Path) -> d
             "--device", "cpu", "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size", str(args.draft_vocab),
             "--max-tokens", str(args.tokens), "--max-steps", str(args.steps), "--epochs", "1000",
             "--val-fraction", str(args.val_fraction), "--max-length", str(args.max_length), "--seed", str(seed),
-            "--log-every", "1", "--save-every", "100000", *args.common, *flags], log)
+            "--log-every", "1", "--save-every", "100000", *flags, *args.common], log)
     recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     acc = [r["val"]["acc"] for r in recs if "val" in r][-1]
     lrs = [r["lr"] for r in recs if "lr" in r]
@@ -122,7 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--work", default="runs/study")
     ap.add_argument("--grid", default="arch-lr", help="comma-separated: arch-lr, schedule, init")
-    ap.add_argument("--base", default="nbf-3e-3", help="ARCH-LR the schedule and init grids vary")
+    ap.add_argument("--base", default="nbf-3e-3",
+                    help="ARCH-LR[ SCHEDULE] the schedule and init grids vary, e.g. 'nbf-1e-3 linear'")
     ap.add_argument("--only", help="comma-separated config names to run (ARCH-LR names are always known)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seeds", default="0,1,2")
@@ -136,7 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--common", default="", help="extra train flags for every run (one string)")
+    ap.add_argument("--common", default="",
+                    help="extra train flags for every run (one string; after the studied ones, so they win)")
     args = ap.parse_args(argv)
     args.common = args.common.split()
     work = Path(args.work)

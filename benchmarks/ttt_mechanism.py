@@ -13,7 +13,8 @@ per step, over the answer positions of the store's first --samples held-out conv
 trainer's split): the RMS of the carried stream h^s, of the kept residual r^s and of the update
 u^s, their ratio |u|/|r|, and the cosine between a^s and a^0 (1.0: the step repeats step 0's
 stream). ``--init`` also measures each draft re-initialised as training starts (seed 0), so the
-starting point and the trained state can be told apart.
+starting point and the trained state can be told apart (``--residual-init-std LABEL=STD`` for a
+draft trained with that flag).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", action="store_true", help="also measure each draft re-initialised (seed 0)")
+    ap.add_argument("--residual-init-std", default="",
+                    help="comma-separated LABEL=STD: the --residual-init-std a draft was trained with (for --init)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -98,13 +101,14 @@ def main(argv=None) -> int:
     print(f"median over the answer positions of {len(samples)} held-out conversations; |x| is a per-position RMS\n")
     print("| draft | step | carried abs h | kept abs r | update abs u | u/r | cos(a^s, a^0) |")
     print("|---|---|---|---|---|---|---|")
+    residual = {k: float(v) for k, v in (x.split("=", 1) for x in args.residual_init_std.split(",") if x)}
     for item in args.drafts.split(","):
         label, path = item.split("=", 1)
         draft, _ = load_draft(Path(path), target=target)
         states = [(label, draft)]
         if args.init:
             fresh, _ = load_draft(Path(path), target=target)
-            fresh.init_weights(seed=0)
+            fresh.init_weights(seed=0, residual_std=residual.get(label))
             for m in fresh.modules():  # norms start at 1, as a new draft's
                 if m.__class__.__name__ == "RMSNorm":
                     m.weight.data.fill_(1.0)

@@ -105,6 +105,9 @@ class TrainConfig(TargetOptions):
                                  "last layer); none = random (measured best for short CPU runs, docs/benchmarks.md).")
     init_std: float = _f(0.02, "Standard deviation of the random initial weights of fc, the layer's linears and "
                                "the LM head.")
+    residual_init_std: float | None = _f(None, "Standard deviation of the initial o_proj and down_proj, the two "
+                                               "linears that write into the residual stream (default: --init-std); "
+                                               "0 starts the layer as the identity.")
     freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
                                   "with --init-from): nothing to learn there.")
     # --- training-time test ---
@@ -210,6 +213,8 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--eval-every must be 0 (off) or a number of optimizer steps, got {self.eval_every}")
         if not 0 < self.init_std <= 1:
             raise TrainError(f"--init-std must lie in (0, 1], got {self.init_std:g}")
+        if self.residual_init_std is not None and not 0 <= self.residual_init_std <= 1:
+            raise TrainError(f"--residual-init-std must lie in [0, 1], got {self.residual_init_std:g}")
         if self.eval_prompts and not Path(self.eval_prompts).is_file():
             raise TrainError(f"--prompts {self.eval_prompts}: no such file")
         if alone:

@@ -392,13 +392,19 @@ class Eagle3Draft(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    def init_weights(self, std: float = 0.02, seed: int | None = None):
+    def init_weights(self, std: float = 0.02, seed: int | None = None, residual_std: float | None = None):
+        """Random normal weights for fc, the head and the layer's linears. ``residual_std`` (default
+        ``std``) scales the two that write into the residual stream (o_proj, down_proj): at 0 the
+        layer starts as the identity, so the first steps train fc and the head as a linear probe of
+        the target's streams. Every weight is drawn either way, so a seed gives the others alike."""
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         layer = self.midlayer
         linears = [m for m in (*layer.self_attn.children(), *layer.mlp.children()) if isinstance(m, nn.Linear)]
+        writers = {id(layer.self_attn.o_proj), id(layer.mlp.down_proj)}
         for mod in [self.fc, self.lm_head, *linears]:
+            scale = std if residual_std is None or id(mod) not in writers else residual_std
             with torch.no_grad():
-                w = torch.randn(mod.weight.shape, generator=gen) * std
+                w = torch.randn(mod.weight.shape, generator=gen) * scale
                 mod.weight.copy_(w.to(mod.weight.dtype))
 
     # ---- pieces shared by inference and training ----------------------------------------

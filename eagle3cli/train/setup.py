@@ -214,7 +214,7 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
     embed_dtype = torch.bfloat16 if parts.embed.dtype == torch.bfloat16 else torch.float32
     draft.embed_tokens.to(embed_dtype)
     draft.set_embedding(parts.embed.cpu())
-    draft.init_weights(std=cfg.init_std, seed=cfg.seed)
+    draft.init_weights(std=cfg.init_std, seed=cfg.seed, residual_std=cfg.residual_init_std)
     draft.set_vocab(vocab.ids)
     # The warm start first: with --init-from, rows of tokens new to its vocabulary keep it.
     for line in warm_start.apply(draft, warm_parts, parts.warm, vocab.ids):

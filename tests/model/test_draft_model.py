@@ -142,6 +142,28 @@ def test_init_weights_order_unchanged():
         assert torch.equal(mod.weight, torch.randn(mod.weight.shape, generator=gen) * 0.02)
 
 
+def test_residual_init_std_scales_only_the_residual_writers():
+    """residual_std=0: o_proj and down_proj start at zero, every other weight is the default draw
+    for the seed, and the layer starts as the identity (the output stream is fc(streams))."""
+    model, ref = make_draft(seed=3)
+    _, d = make_draft(seed=3)
+    d.init_weights(seed=3, residual_std=0.0)
+    at, mlp = d.midlayer.self_attn, d.midlayer.mlp
+    assert not at.o_proj.weight.any() and not mlp.down_proj.weight.any()
+    written = {"midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"}
+    ref_sd = ref.state_dict()
+    assert all(torch.equal(v, ref_sd[k]) for k, v in d.state_dict().items() if k not in written)
+    ids = torch.randint(0, 100, (1, 6))
+    aux = torch.randn(1, 6, 3 * d.config.target_hidden_size)
+    a, _ = d(ids, aux)
+    assert torch.equal(a, d.fuse(aux))
+    d.init_weights(seed=3, residual_std=0.005)
+    g = torch.Generator().manual_seed(3)
+    draws = [torch.randn(m.weight.shape, generator=g) for m in
+             (d.fc, d.lm_head, at.q_proj, at.k_proj, at.v_proj, at.o_proj)]
+    assert torch.equal(at.o_proj.weight, draws[-1] * 0.005) and torch.equal(at.q_proj.weight, draws[2] * 0.02)
+
+
 @pytest.mark.parametrize("hidden", [None, 32])
 def test_num_parameters_counts_the_export(hidden):
     from eagle3cli.publish.export import exported_state_dict

@@ -81,6 +81,8 @@ def test_bad_schedule_and_init_std_are_refused_before_anything_loads():
         TrainConfig(data="x", lr_schedule="step").validate()
     with pytest.raises(TrainError, match="--init-std"):
         TrainConfig(data="x", init_std=0.0).validate()
+    with pytest.raises(TrainError, match="--residual-init-std"):
+        TrainConfig(data="x", residual_init_std=-0.01).validate()
 
 
 def test_init_std_scales_the_random_weights(target):
