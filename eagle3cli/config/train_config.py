@@ -77,17 +77,19 @@ class TrainConfig(TargetOptions):
     init_vocab: str = _f("keep", "With --init-from: keep its vocabulary (d2t, t2d, lm_head as they are) or "
                                  "new (built from this store; lm_head rows of shared tokens copied).",
                          choices=("keep", "new"))
-    loss_on: str = _f("answers", "Positions the loss scores: answers (the store's loss mask, the assistant's "
-                                 "tokens) or all (every token: the teacher is the target's own distribution "
-                                 "wherever it stands, so prompt positions teach the same function). Held-out "
-                                 "metrics always score answers.", choices=LOSS_ON)
+    loss_on: str = _f("all", "Positions the loss scores: all (every token: the teacher is the target's own "
+                             "distribution wherever it stands, so prompt positions teach the same function; "
+                             "measured ahead at every budget and target tried, docs/benchmarks.md) or answers "
+                             "(the store's loss mask, the assistant's tokens). Held-out metrics always score "
+                             "answers.", choices=LOSS_ON)
     # --- draft vocabulary ---
     draft_vocab_size: str = _f("32000", "Draft vocab size N (capped at the target's) or 'auto'.")
     vocab_coverage: float = _f(0.99, "With --draft-vocab-size auto: share of masked tokens to cover.")
     # --- draft architecture (docs/design.md §3; written to config.json, read by vLLM and SGLang) ---
     preset: str = _f("eagle3", "Defaults to start from (below a recipe and the flags): eagle3, this tool's "
                                "(chosen by measurement: docs/benchmarks.md, 'Defaults study'), or paper, the "
-                               "EAGLE-3 paper's (no norm before fc, lr 1e-4, cosine).", choices=("eagle3", "paper"))
+                               "EAGLE-3 paper's (no norm before fc, lr 1e-4, cosine, loss on the answers).",
+                         choices=("eagle3", "paper"))
     variant: str = _f("eagle3", "Draft architecture: eagle3 (the paper's) or eagle3.1 (adds fc_norm, one RMSNorm per "
                                 "target stream before fc, and norm_output, the normed output fed to the next step).",
                       choices=VARIANTS)
@@ -332,7 +334,7 @@ def load_recipe(name_or_path: str) -> tuple[str, dict]:
 
 # What --preset paper changes: the EAGLE-3 paper's setup, which the defaults study measured behind
 # the eagle3 defaults at every budget tried (docs/benchmarks.md, "Defaults study").
-PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False, "lr_schedule": "cosine"}}
+PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False, "lr_schedule": "cosine", "loss_on": "answers"}}
 
 
 def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:

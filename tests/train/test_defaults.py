@@ -109,8 +109,10 @@ def test_default_architecture_is_norm_before_fc_and_eagle31_takes_fc_norm_instea
 def test_paper_preset_sits_below_recipe_and_flags(tmp_path):
     cfg, _ = resolve("none", {"data": "x", "preset": "paper"})
     assert cfg.lr == 1e-4 and not draft_options(cfg)["norm_before_fc"] and cfg.lr_schedule == "cosine"
+    assert cfg.loss_on == "answers"
     eagle3, _ = resolve("none", {"data": "x"})
     assert eagle3.lr == 1e-3 and eagle3.lr_schedule == "linear" and draft_options(eagle3)["norm_before_fc"]
+    assert eagle3.loss_on == "all"
     cfg, _ = resolve("none", {"data": "x", "preset": "paper", "lr": 5e-4})
     assert cfg.lr == 5e-4 and not draft_options(cfg)["norm_before_fc"]
     recipe = tmp_path / "r.yaml"

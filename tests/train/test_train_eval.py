@@ -96,7 +96,10 @@ def test_keep_best_exports_the_best_measured_steps_weights(store, target_dir, tm
 
 def test_keep_best_breaks_a_tie_of_measured_taus_by_the_simulated_one(store, target_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train_eval, "measured_tau", lambda *a, **k: train_eval.Measured(1.5, 4, 6, 4))
-    res = train(config(store, target_dir, tmp_path / "tie", epochs=2, eval_every=2, keep="best"), quiet=True)
+    # Loss on the answers: on this tiny random target that run's simulated taus move between
+    # evaluations, which the tie-break needs (with --loss-on all they all stay at 1.0).
+    res = train(config(store, target_dir, tmp_path / "tie", epochs=2, eval_every=2, keep="best", loss_on="answers"),
+                quiet=True)
     recs = [h for h in res.history if "measured" in h]
     sims = [h["measured"]["tau_sim"] for h in recs]
     assert len(set(sims)) > 1  # the simulated taus differ, so the tie-break decides
