@@ -65,6 +65,8 @@ def configs(args) -> dict[str, tuple[str, ...]]:
                 out[f"{arch}-{lr}"] = (*flags, "--lr", lr, *DEFAULT_REST)
     arch_lr, _, base_schedule = args.base.partition(" ")  # "nbf-1e-3" or "nbf-1e-3 linear"
     base_arch, base_lr = arch_lr.split("-", 1)
+    if base_schedule and base_schedule not in SCHEDULES:
+        raise SystemExit(f"--base {args.base!r}: the schedule must be one of {', '.join(SCHEDULES)}")
     base = (*ARCH[base_arch], "--lr", base_lr, *DEFAULT_REST, *SCHEDULES.get(base_schedule, ()))
     for grid, table in (("schedule", SCHEDULES), ("init", INITS)):
         if grid in grids:

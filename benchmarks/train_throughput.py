@@ -167,9 +167,8 @@ def main():
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["ttt_steps"], r["mixed_precision"], r["loss_on"]), []).append(r)
-    median = {k: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in g),
-                  "tokens_per_cpu_s": statistics.median(r["tokens_per_cpu_s"] for r in g),
-                  "mean_loss": statistics.median(r["mean_loss"] for r in g)} for k, g in groups.items()}
+    median = {k: {f: statistics.median(r[f] for r in g) for f in ("tokens_per_s", "tokens_per_cpu_s", "mean_loss")}
+              for k, g in groups.items()}
     lo0 = args.loss_on.split(",")[0]
     by = {(s, p): m for (s, p, lo), m in median.items() if lo == lo0}
     for p in args.mixed_precision.split(","):
@@ -193,10 +192,10 @@ def main():
     for s, p in {(s, p) for s, p, _ in runs}:
         if (s, p, "answers") in median and (s, p, "all") in median:
             ans, every = median[(s, p, "answers")], median[(s, p, "all")]
-            cpu_cost = ans["tokens_per_cpu_s"] / every["tokens_per_cpu_s"]
-            print(f"[TTT {s}, {p}] --loss-on all vs answers: {ans['tokens_per_s'] / every['tokens_per_s']:.2f}x "
-                  f"wall clock, {cpu_cost:.2f}x CPU time per step (median of each)")
-            ratios[f"loss_all_vs_answers_ttt{s}_{p}"] = {"cpu": cpu_cost}
+            wall, cpu = (ans[f] / every[f] for f in ("tokens_per_s", "tokens_per_cpu_s"))
+            print(f"[TTT {s}, {p}] --loss-on all vs answers: {wall:.2f}x wall clock, {cpu:.2f}x CPU time per step "
+                  f"(median of each)")
+            ratios[f"loss_all_vs_answers_ttt{s}_{p}"] = {"wall": wall, "cpu": cpu}
     for r in rows if not args.no_flops else []:
         f = r.pop("flops")
         peak = matmul_peak(f["gemms"], f["device"])

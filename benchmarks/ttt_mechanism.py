@@ -86,6 +86,10 @@ def main(argv=None) -> int:
     ap.add_argument("--residual-init-std", default="",
                     help="comma-separated LABEL=STD: the --residual-init-std a draft was trained with (for --init)")
     args = ap.parse_args(argv)
+    residual = {k: float(v) for k, v in (x.split("=", 1) for x in args.residual_init_std.split(",") if x)}
+    unknown = set(residual) - {item.split("=", 1)[0] for item in args.drafts.split(",")}
+    if unknown:
+        raise SystemExit(f"--residual-init-std names no draft of --drafts: {', '.join(sorted(unknown))}")
     torch.set_num_threads(1)
 
     from transformers import AutoModelForCausalLM
@@ -101,7 +105,6 @@ def main(argv=None) -> int:
     print(f"median over the answer positions of {len(samples)} held-out conversations; |x| is a per-position RMS\n")
     print("| draft | step | carried abs h | kept abs r | update abs u | u/r | cos(a^s, a^0) |")
     print("|---|---|---|---|---|---|---|")
-    residual = {k: float(v) for k, v in (x.split("=", 1) for x in args.residual_init_std.split(",") if x)}
     for item in args.drafts.split(","):
         label, path = item.split("=", 1)
         draft, _ = load_draft(Path(path), target=target)

@@ -145,7 +145,7 @@ def test_init_weights_order_unchanged():
 def test_residual_init_std_scales_only_the_residual_writers():
     """residual_std=0: o_proj and down_proj start at zero, every other weight is the default draw
     for the seed, and the layer starts as the identity (the output stream is fc(streams))."""
-    model, ref = make_draft(seed=3)
+    _, ref = make_draft(seed=3)
     _, d = make_draft(seed=3)
     d.init_weights(seed=3, residual_std=0.0)
     at, mlp = d.midlayer.self_attn, d.midlayer.mlp
