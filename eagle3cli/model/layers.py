@@ -72,3 +72,43 @@ def choose_layers(config, override: Sequence[int] | None = None, warn: bool = Tr
             stacklevel=2,
         )
     return choice
+
+
+# ---- DFlash (docs/design.md §13) --------------------------------------------------------------
+
+DFLASH_STREAMS = 5  # the public z-lab drafts' count: one target stream per layer of a 5-layer draft
+
+
+def dflash_output_layer_ids(n_layers: int, n_streams: int = DFLASH_STREAMS) -> tuple[int, ...]:
+    """z-lab's choice in its own count (output of layer k): ``n_streams`` ids spaced from 1 to N-3,
+    ``round(1 + i*(N-4)/(n-1))`` with Python's rounding, as z-lab and SpecForge compute it
+    (N=36, n=5: 1, 9, 17, 25, 33; N=30: 1, 8, 14, 20, 27). One stream: the middle layer."""
+    if n_streams < 1:
+        raise OptionError(f"a DFlash draft reads at least one target stream, got {n_streams}")
+    if n_streams == 1:
+        return (n_layers // 2,)
+    if n_layers - 3 < n_streams:
+        raise OptionError(f"a target of {n_layers} layers has too few for {n_streams} DFlash streams spaced "
+                          f"from 1 to {n_layers - 3}: choose fewer with --layers")
+    span = n_layers - 4
+    return tuple(int(round(1 + i * span / (n_streams - 1))) for i in range(n_streams))
+
+
+def dflash_layer_ids(n_layers: int, n_streams: int = DFLASH_STREAMS) -> tuple[int, ...]:
+    """The same streams in this package's count (``hidden_states[j]``, input of layer j = k + 1)."""
+    return tuple(k + 1 for k in dflash_output_layer_ids(n_layers, n_streams))
+
+
+def choose_dflash_layers(config, override: Sequence[int] | None = None) -> LayerChoice:
+    """DFlash's streams: z-lab's spacing, or ``override`` (any count of distinct ascending ids in
+    1..N, this package's count: N is the last layer's output, before the final norm)."""
+    n = num_layers(config)
+    if override is None:
+        return LayerChoice(n, dflash_layer_ids(n))
+    ids = tuple(int(j) for j in override)
+    if not ids or list(ids) != sorted(set(ids)):
+        raise OptionError(f"DFlash layer ids must be distinct and ascending, got {ids}")
+    if ids[0] < 1 or ids[-1] > n - 1:
+        raise OptionError(f"DFlash layer ids must lie in 1..{n - 1} (input of decoder layer j; the output of "
+                          f"layer j-1), got {ids}")
+    return LayerChoice(n, ids)

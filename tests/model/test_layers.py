@@ -56,3 +56,13 @@ def test_capture_equals_hidden_states(arch):
     torch.testing.assert_close(final, ref[-1], rtol=0, atol=0)
     # the final-normed state is what the LM head reads: logits are recomputable from it
     torch.testing.assert_close(model.lm_head(final), model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_dflash_layers_follow_z_lab_spacing_in_both_counts():
+    from eagle3cli.model.layers import dflash_layer_ids, dflash_output_layer_ids
+
+    assert dflash_output_layer_ids(36) == (1, 9, 17, 25, 33)  # Qwen3-8B, z-lab's drafts
+    assert dflash_output_layer_ids(32) == (1, 8, 15, 22, 29)
+    assert dflash_output_layer_ids(30) == (1, 8, 14, 20, 27)  # SmolLM2: Python's rounding (20.5 -> 20)
+    assert dflash_layer_ids(30) == (2, 9, 15, 21, 28)  # hidden_states[k + 1]
+    assert dflash_output_layer_ids(30, 1) == (15,)
