@@ -181,6 +181,14 @@ class EagleDrafter:
 
 
 def as_drafter(draft, dtype: torch.dtype | None = None, weights: str = "full") -> Drafter:
-    """``draft`` itself if it is a drafter, else an ``EagleDrafter`` computing in ``dtype`` (None: the
-    draft's) with its matmul weights stored as ``weights`` (full, int8, int4)."""
-    return draft if hasattr(draft, "observe") else EagleDrafter(draft, dtype=dtype, weights=weights)
+    """``draft`` itself if it is a drafter, else the drafter of its type: a ``DFlashDrafter`` for a
+    DFlash draft (its config's ``draft_type``), an ``EagleDrafter`` for an EAGLE-3 one; computing in
+    ``dtype`` (None: the draft's), an EAGLE-3 draft's matmul weights stored as ``weights`` (full,
+    int8, int4; a DFlash draft's stay full)."""
+    from .dflash_drafter import DFlashDrafter, is_dflash
+
+    if hasattr(draft, "observe"):
+        return draft
+    if is_dflash(draft):
+        return DFlashDrafter(draft, dtype=dtype)
+    return EagleDrafter(draft, dtype=dtype, weights=weights)

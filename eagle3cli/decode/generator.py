@@ -21,6 +21,7 @@ Drafter protocol (the EAGLE-3 draft implements it here; tests plug in an oracle)
                                          the last one (the root's children)
     expand(tree, nodes) -> log q [m, V]  children distributions of the given tree nodes
     rollback()                           forget everything drafted since the last observe
+    fit_depth(depth) -> depth            optional: the depth a drafter with a fixed block can draft
 
 log q is always over the TARGET vocabulary (-inf outside the draft vocab).
 
@@ -270,6 +271,9 @@ class _Generation:
         self.total, self.depth, self.top_k = s.shape()
         self.sampling = s.temperature > 0
         self.drafter = as_drafter(draft)
+        fit = getattr(self.drafter, "fit_depth", None)
+        if fit is not None:  # a block drafter (DFlash) drafts at most its block's tokens
+            self.depth = fit(self.depth)
         self.dev = dev = input_ids.device
         self.gen = torch.Generator(device=dev)
         if seed is None:
