@@ -146,7 +146,7 @@ def parse_layer_ids(text: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(x) for x in str(text).replace(" ", "").split(","))
     except ValueError:
-        raise OptionError(f"--layers must be three comma-separated integers, got {text!r}") from None
+        raise OptionError(f"--layers must be comma-separated integers, got {text!r}") from None
 
 
 def _layer_ids(text: str):
@@ -212,8 +212,12 @@ class GenDataOptions(TargetOptions):
                                       "training).", choices=FEATURES, flag="online", cli_type=bool,
                            cli_default=False, parse=lambda online: "none" if online else "offline",
                            aliases=(Alias("--features", cli_type=Literal[FEATURES], value=lambda v: v == "none"),))
-    layers: tuple[int, ...] | None = option(None, "Override the three layer ids j (hidden_states[j]), e.g. "
-                                                  "2,15,27.", cli_type=str, parse=_layer_ids)
+    layers: tuple[int, ...] | None = option(None, "Override the layer ids j (hidden_states[j]) to capture: three "
+                                                  "for EAGLE-3 (e.g. 2,15,27), any ascending set for DFlash.",
+                                            cli_type=str, parse=_layer_ids)
+    draft_type: str = option("eagle3", "The draft family the store is for, which sets the layers it captures: eagle3 "
+                                       "(three streams), dflash (five spaced from 1 to N-3, docs/design.md §13) or "
+                                       "eagle3,dflash (their union: one store trains either).")
     max_length: int = option(2048, "Truncate conversations to this many tokens (counted).")
     shard_size: int = option(128, "Conversations per shard file.")
     max_minutes: float | None = option(None, "Stop starting shards that would not finish within this many minutes "

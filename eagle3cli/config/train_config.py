@@ -37,15 +37,16 @@ FAMILIES = {
 META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "init_std", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay",
-                  "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes")
+                  "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes", "loss_gamma")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
-                "eval_new_tokens")
+                "eval_new_tokens", "draft_layers", "num_anchors")
 OPTIMIZERS = ("adamw", "muon")
 KEEP = ("last", "best")
 VARIANTS = ("eagle3", "eagle3.1")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+DRAFT_TYPES = ("eagle3", "dflash")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -112,6 +113,21 @@ class TrainConfig(TargetOptions):
                                                "0 starts the layer as the identity.")
     freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
                                   "with --init-from): nothing to learn there.")
+    # --- draft family (docs/design.md §13) ---
+    draft_type: str = _f("eagle3", "Draft family: eagle3 (one layer drafting token by token, trained with "
+                                   "training-time test) or dflash (a block of tokens drafted in one non-causal "
+                                   "forward of a small stack that reads the target's streams). eval, inspect, "
+                                   "convert and push read it from the draft's config.json.", choices=DRAFT_TYPES)
+    block_size: int = _f(8, "dflash: tokens in a block, the anchor and block-size - 1 drafted ones (vLLM's "
+                            "num_speculative_tokens is block-size - 1, SGLang's draft tokens block-size).")
+    draft_layers: int = _f(1, "dflash: decoder layers of the draft.")
+    num_anchors: int = _f(64, "dflash: blocks trained per conversation in a step, anchored at random positions "
+                              "whose next token the loss scores.")
+    loss_gamma: float = _f(0.0, "dflash: drafted position k weighs exp(-(k-1)/gamma) in the loss (0: 7 for blocks "
+                                "of 16, 4 for blocks of 8).")
+    mask_token_id: int = _f(-1, "dflash: the token id whose embedding fills the block after the anchor; a real "
+                                "row of the target's embedding, never eos or pad (-1: the first spare row, else "
+                                "the last id that is no special token).")
     # --- training-time test ---
     ttt_steps: int = _f(7, "Unrolled drafting steps per position.")
     step_decay: float = _f(0.8, "Loss weight decay per step: loss = sum_s decay^s * loss_s.")
@@ -217,6 +233,11 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--init-std must lie in (0, 1], got {self.init_std:g}")
         if self.residual_init_std is not None and not 0 <= self.residual_init_std <= 1:
             raise TrainError(f"--residual-init-std must lie in [0, 1], got {self.residual_init_std:g}")
+        if self.block_size < 2:
+            raise TrainError(f"--block-size must be at least 2 (the anchor and one drafted token), got "
+                             f"{self.block_size}")
+        if self.loss_gamma < 0:
+            raise TrainError(f"--loss-gamma must be 0 (auto) or more, got {self.loss_gamma:g}")
         if self.eval_prompts and not Path(self.eval_prompts).is_file():
             raise TrainError(f"--prompts {self.eval_prompts}: no such file")
         if alone:

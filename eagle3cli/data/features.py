@@ -10,7 +10,7 @@ rather than per sample):
 
     input_ids  int32 [T]        loss_mask bool [T]       offsets int64 [n+1]
     sample_ids int64 [n]        (index of each sample in the source, for tracing)
-    aux        bf16|fp16 [T, 3*Ht]   target streams hidden_states[j] for the 3 layer ids
+    aux        bf16|fp16 [T, n*Ht]   target streams hidden_states[j] for the n layer ids (3 for EAGLE-3)
     final      bf16|fp16 [T, Ht]     hidden_states[N] (final-normed), for teacher logits
     count_ids, count_values int64    token frequencies over loss-masked tokens (sparse)
 
@@ -396,7 +396,8 @@ def check_shard(handle, path: Path, meta: Manifest) -> torch.Tensor:
     expect = {"input_ids": (tokens,), "loss_mask": (tokens,), "offsets": (n + 1,), "sample_ids": (n,),
               "count_values": shape["count_ids"][:1]}
     if meta.has_features:
-        expect.update(aux=(tokens, 3 * ht if ht else shape["aux"][-1]), final=(tokens, ht or shape["final"][-1]))
+        streams = len(meta.layer_ids) or 3
+        expect.update(aux=(tokens, streams * ht if ht else shape["aux"][-1]), final=(tokens, ht or shape["final"][-1]))
     for k, s in expect.items():
         if tokens < 0 or n < 0 or shape[k] != s or len(shape["count_ids"]) != 1:
             raise bad(f"{k} has shape {list(shape[k])}, the shard's input_ids and the manifest imply {list(s)}")
@@ -444,7 +445,7 @@ def check_store(store: FeatureStore, target_config, *, online: bool, layers: str
             raise StoreError(f"store {root} was made with another target: {model}'s weights fingerprint "
                              f"differs from the one recorded for {tid}")
     expect = parse_layer_ids(layers)
-    if expect is not None and tuple(expect) != m.layer_ids:
+    if expect is not None and not set(expect) <= set(m.layer_ids):
         raise StoreError(f"store {root} holds layers {m.layer_ids}, "
                          f"--layers asks for {tuple(expect)}: regenerate the store with those layers")
     stored = m.chat_template_hash

@@ -85,7 +85,7 @@ class Pipeline:
         return tok, template
 
     def setup(self):
-        from ..model.layers import choose_layers
+        from ..model.layers import parse_draft_types, store_layers
         from ..model.target import load_config
 
         o = self.opts
@@ -97,7 +97,7 @@ class Pipeline:
         self.config = load_config(self.spec)
         tc = text_config(self.config)
         try:
-            self.layers = choose_layers(self.config, o.layers)
+            self.layers = store_layers(self.config, parse_draft_types(o.draft_type), o.layers)
         except ValueError as e:
             raise GenDataError(str(e)) from None
         self.hidden = int(tc.hidden_size)

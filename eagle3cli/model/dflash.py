@@ -309,9 +309,12 @@ class DFlashDraft(nn.Module):
         return self.logits(x)
 
     # ---- training: every block of a sequence in one forward --------------------------------
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, m, block, V] of the blocks at ``anchors`` [B, m] (positions in the sequence).
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Logits [B, m, block, V] of the blocks at ``anchors`` [B, m] (positions in the sequence)."""
+        return self.logits(self.block_states(aux, input_ids, anchors))
+
+    def block_states(self, aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """The last layer's rows [B, m, block, H] (before ``norm``) of the blocks at ``anchors`` [B, m].
 
         Block i sees the context rows strictly before its anchor and its own rows, nothing else
         (``block_mask``); ``aux`` [B, T, n*Ht] are the target streams, ``input_ids`` [B, T].
@@ -324,8 +327,7 @@ class DFlashDraft(nn.Module):
         blk_pos = (anchors[..., None] + offs).reshape(bsz, m * blk)
         ctx_pos = torch.arange(t, device=anchors.device).expand(bsz, t)
         mask = block_mask(anchors, t, blk)
-        x = self.run_layers(x, ctx, ctx_pos, blk_pos, mask)
-        return self.logits(x).view(bsz, m, blk, -1)
+        return self.run_layers(x, ctx, ctx_pos, blk_pos, mask).view(bsz, m, blk, -1)
 
 
 def block_mask(anchors: torch.Tensor, t: int, blk: int) -> torch.Tensor:

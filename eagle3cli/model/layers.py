@@ -112,3 +112,44 @@ def choose_dflash_layers(config, override: Sequence[int] | None = None) -> Layer
         raise OptionError(f"DFlash layer ids must lie in 1..{n - 1} (input of decoder layer j; the output of "
                           f"layer j-1), got {ids}")
     return LayerChoice(n, ids)
+
+
+DRAFT_TYPES = ("eagle3", "dflash")
+
+
+def parse_draft_types(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``eagle3``, ``dflash`` or both (``eagle3,dflash``): the draft families a store serves."""
+    names = [t.strip().lower() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    bad = [n for n in names if n not in DRAFT_TYPES]
+    if bad or not names:
+        raise OptionError(f"--draft-type {','.join(names) or text!r}: choose eagle3, dflash or eagle3,dflash")
+    return tuple(t for t in DRAFT_TYPES if t in names)
+
+
+def layers_for(config, draft_type: str, override: Sequence[int] | None = None, warn: bool = True) -> LayerChoice:
+    """The target streams one draft family reads: EAGLE-3's three or DFlash's spaced set."""
+    if draft_type == "dflash":
+        return choose_dflash_layers(config, override)
+    return choose_layers(config, override, warn=warn)
+
+
+def store_layers(config, draft_types: Sequence[str], override: Sequence[int] | None = None) -> LayerChoice:
+    """What a store captures for ``draft_types``: each family's streams, their union for several
+    (one store then trains either family; each trainer reads its own columns)."""
+    if len(draft_types) == 1:
+        return layers_for(config, draft_types[0], override)
+    if override is not None:
+        raise OptionError("--layers names one family's streams: give it with a single --draft-type")
+    ids = sorted({j for t in draft_types for j in layers_for(config, t).ids})
+    return LayerChoice(num_layers(config), tuple(ids))
+
+
+def missing_streams(store_ids: Sequence[int], want: Sequence[int]) -> tuple[int, ...]:
+    """The streams of ``want`` a store of ``store_ids`` lacks."""
+    return tuple(j for j in want if j not in set(store_ids))
+
+
+def stream_columns(store_ids: Sequence[int], want: Sequence[int]) -> list[int] | None:
+    """Positions in a store's concatenated streams of the ``want`` ones (None: all, in order)."""
+    store_ids, want = list(store_ids), list(want)
+    return None if store_ids == want else [store_ids.index(j) for j in want]

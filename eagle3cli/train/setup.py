@@ -187,7 +187,8 @@ def check_init_from(cfg: TrainConfig, target_config) -> None:
         raise TrainError(f"--init-from: {e}") from None
 
 
-def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say):
+def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say,
+                layer_ids=None):
     """(draft, vocab): the draft vocabulary from the store's token counts (docs/design.md §4), a
     draft on the target's frozen embedding, warm-started and/or continued from --init-from."""
     vocab_size = output_head(parts.head).weight.shape[0]
@@ -207,7 +208,7 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
         options["norm_before_fc"] = False
     for line in engine_support.warnings(target_config, options, eval_refusal(target_config)):
         say(f"[yellow]warning:[/] {line}")
-    dcfg = DraftConfig.from_target(target_config, vocab.size, store.meta.layer_ids, **options)
+    dcfg = DraftConfig.from_target(target_config, vocab.size, layer_ids or store.meta.layer_ids, **options)
     draft = Eagle3Draft(dcfg)
     # The frozen embedding is only looked up (rows cast to the stream's dtype, ttt_streams and
     # Eagle3Draft.step), so a bf16 source is kept in bf16: 151,936 x 896 is 272 MB, not 545 MB.
@@ -235,9 +236,12 @@ def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: Tar
 
 # Above this, the activations the TTT unroll would keep for the backward are recomputed instead
 def setup_line(vocab, layer_ids, recompute: bool, precision: str) -> str:
+    compute = f"{'bf16 autocast' if precision == 'bf16' else 'fp32'} compute"
+    if vocab is None:  # a DFlash draft predicts over the target's vocabulary through its head
+        return f"draft vocab: the target's; layers {layer_ids}; {compute}"
     return (f"draft vocab: {vocab.size} tokens covering {vocab.coverage:.2%} of the masked training tokens; layers "
             f"{layer_ids}; TTT steps {'recomputed in the backward' if recompute else 'kept for the backward'}; "
-            f"{'bf16 autocast' if precision == 'bf16' else 'fp32'} compute")
+            f"{compute}")
 
 
 

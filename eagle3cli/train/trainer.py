@@ -48,13 +48,13 @@ from ..publish.export import save_draft
 from . import train_eval
 from .batching import collate, make_batches, rank_groups, split_indices
 from .checkpoints import checkpoint_dirs, save_checkpoint, start_state
+from .families import family_setup, select_streams
 from .memory import fix_host_memory, use_recompute
 from .noise import noise_seed, with_noise
 from .optim import lr_lambda, make_optimizer
 from .precision import accelerator
 from .setup import (
     as_list,
-    build_draft,
     chat_template_for,
     check_init_from,
     learned_tokens_error,
@@ -74,7 +74,6 @@ from .train_report import (
     summary_table,
     trained_on,
 )
-from .ttt import TTTModel, teacher_from_final, teacher_rows
 
 
 def scored_positions(batch: dict, loss_on: str, held_out: bool) -> torch.Tensor:
@@ -139,13 +138,14 @@ class Trainer:
         except StoreError as e:
             raise TrainError(str(e)) from None
         check_init_from(cfg, self.target_config)
-        self.layer_ids = m.layer_ids
+        self.family, self.layer_ids, self.columns = family_setup(cfg, self.store, self.target_config)
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
             parts = load_target_parts(cfg, spec, self.store, self.target_config, warm_parts, self.acc.device,
                                       sharded=self.sharded)
             self.target, self.head = parts.target, parts.head
-            self.draft, self.vocab = build_draft(cfg, self.store, self.target_config, parts, warm_parts, self._say)
+            self.draft, self.vocab = self.family.build(self.store, self.target_config, parts, warm_parts,
+                                                       self.layer_ids, self._say)
         except warm_start.WarmStartError as e:
             raise TrainError(str(e)) from None
         if self.sharded:  # after the warm start: it copies target layers that sharding turns into DTensors
@@ -154,7 +154,7 @@ class Trainer:
         self.draft = self.draft.to(self.acc.device)
         self.recompute = use_recompute(cfg, self.draft.config)
         fix_host_memory(cfg, self.draft.config, self.acc.device, self._say)
-        self.vocab_ids = self.vocab.ids.to(self.acc.device)
+        self.vocab_ids = self.vocab.ids.to(self.acc.device) if self.vocab is not None else None
         self._say(setup_line(self.vocab, self.layer_ids, self.recompute, self.acc.mixed_precision))
         self._plan()
         self.probe = train_eval.AcceptanceProbe.create(cfg, spec, self.store, self.val_idx, self.crop, self.target,
@@ -194,12 +194,9 @@ class Trainer:
             aux, final = capture(self.target, ids, self.layer_ids, batch["attention_mask"].to(dev))
         else:
             aux, final = batch["aux"].to(dev), batch["final"].to(dev)
+            aux = select_streams(aux, self.columns, final.shape[-1])
         aux = with_noise(aux, self.cfg.feature_noise, len(self.layer_ids), noise_seed)  # None when held out
-        teacher = teacher_from_final(self.head, final, self.vocab_ids, teacher_rows(mask), full_argmax=held_out)
-        return (ids, aux, mask, teacher.probs, teacher.index, teacher.slot), batch["tokens"]
-
-    def eval_steps(self) -> int:
-        return max(self.cfg.ttt_steps, self.cfg.eval_ttt_steps)
+        return self.family.inputs(self, ids, aux, final, mask, batch, held_out, noise_seed), batch["tokens"]
 
     @torch.no_grad()
     def evaluate(self, draft) -> dict | None:
@@ -207,8 +204,8 @@ class Trainer:
         for --eval-ttt-steps (so drafts trained with fewer steps are measured on the same scale)."""
         if not self.val_idx:
             return None
-        model = TTTModel(draft, self.eval_steps(), self.cfg.step_decay)
-        meter = Meter(self.eval_steps(), self.acc.device)
+        model = self.family.objective(draft, held_out=True)
+        meter = Meter(self.family.eval_positions(), self.acc.device)
         batches = make_batches(self.val_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, 0)
         for idx, counted in padded(batches, self.acc.process_index, self.acc.num_processes, self.sharded):
             args, tokens = self._inputs(idx, held_out=True)  # (a sharded target's forward needs every rank)
@@ -221,7 +218,7 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> TrainResult:
         """Train to the planned step count (or ``stop_after`` steps: a simulated interruption)."""
         cfg, acc, draft = self.cfg, self.acc, self.draft
-        ttt = TTTModel(draft, cfg.ttt_steps, cfg.step_decay, recompute=self.recompute, accept_weight=cfg.accept_loss)
+        ttt = self.family.objective(draft, recompute=self.recompute)
         self.params, optimizer, self.scheduler = optimizer_and_schedule(cfg, ttt, self.total_steps)
         start = start_state(acc, self.out, cfg, self.draft, optimizer, self.scheduler, self._say)
         self.model, self.optimizer = prepare_draft(acc, ttt, optimizer, self.sharded)
@@ -307,7 +304,7 @@ class Trainer:
         return True
 
     def _reset_meter(self):
-        self.meter, self.t0, self.c0 = Meter(self.cfg.ttt_steps, self.acc.device), time.time(), time.process_time()
+        self.meter, self.t0, self.c0 = Meter(self.family.positions, self.acc.device), time.time(), time.process_time()
 
     def _report(self, epoch: int):
         """One log point: the metrics since the last one, to the log, the trackers and the view."""
@@ -381,8 +378,7 @@ def metadata(t: "Trainer", step: int, metrics: dict) -> dict:
         "chat_template_hash": m.chat_template_hash, "layer_ids": list(t.layer_ids),
         "data": data, "num_samples": len(t.train_idx),
         "num_tokens": int(sum(t.lengths[i] for i in t.train_idx)), "steps": step,
-        "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "step_decay": cfg.step_decay, "lr": cfg.lr,
-        "draft_vocab_size": t.vocab.size, "vocab_coverage": round(t.vocab.coverage, 6),
+        "epochs": cfg.epochs, "lr": cfg.lr, "draft_type": cfg.draft_type, **t.family.record(t),
         "recipe": t.recipe, "eagle3_version": __version__, "metrics": metrics,
         "end_token_ids": end_token_ids(t), "datasets": datasets, "created": date.today().isoformat(),
         "mode": "online" if cfg.online else "offline", "mixed_precision": t.acc.mixed_precision,
@@ -393,8 +389,7 @@ def end_token_ids(t: "Trainer") -> list[int]:
     """The end tokens the draft vocabulary holds (docs/design.md §4): recorded so that every
     reader can check that the exported maps still hold them (publish/draft_check.py)."""
     ends = list(t.store.meta.end_token_ids) or as_list(getattr(text_config(t.target_config), "eos_token_id", None))
-    kept = set(t.vocab.ids.tolist())
-    return sorted(int(e) for e in set(ends) if int(e) in kept)
+    return sorted(int(e) for e in t.family.end_tokens({int(e) for e in ends}, t))
 
 
 def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):

@@ -126,7 +126,7 @@ def test_openai_api_key_wins(gen_data_gets, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--layers", "a,b"], "error: --layers must be three comma-separated integers, got 'a,b'"),
+    (["--layers", "a,b"], "error: --layers must be comma-separated integers, got 'a,b'"),
     (["--vllm-args", "[1]"], "error: --vllm-args must be a JSON object of vllm.LLM keyword arguments"),
     (["--vllm-args", "{"], "error: --vllm-args is not JSON (Expecting property name enclosed in double quotes: "
                            "line 1 column 2 (char 1))"),

@@ -21,13 +21,13 @@ END_IDS = [2, 7]
 
 
 def build_store(root: Path, model_dir: Path, n: int = 24, seed: int = 0, features: bool = True,
-                dtype=torch.bfloat16, per_shard: int = 10, nan_samples=()) -> Path:
+                dtype=torch.bfloat16, per_shard: int = 10, nan_samples=(), layers=None) -> Path:
     """A gen-data-format store: random conversations, the last two thirds loss-masked."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     cfg = model.config
-    layers = default_layer_ids(cfg.num_hidden_layers)
+    layers = tuple(layers or default_layer_ids(cfg.num_hidden_layers))
     g = torch.Generator().manual_seed(seed)
     samples = []
     for i in range(n):

@@ -1,0 +1,144 @@
+"""DFlash's training step (docs/design.md §13): random anchors, all their blocks in one forward.
+
+    anchors = up to --num-anchors positions per sequence whose next token is scored (random)
+    labels  = the target's argmax at anchor + k - 1, i.e. the token greedy decoding puts at anchor + k
+    logits  = draft(aux, ids, anchors)              # block-sparse mask: each block sees the context
+                                                    # before its anchor and itself, nothing else
+    loss    = sum_k w_k CE_k / sum_k w_k,  w_k = exp(-(k-1)/gamma), k = 1..B-1
+
+The labels are the target's own choices, as in EAGLE-3's teacher (``ttt.teacher_from_final``):
+greedy decoding accepts exactly those. The statistics have EAGLE-3's shape (``ttt.TTTOutput``,
+one entry per drafted position) so the trainer's meter, log and report serve both families:
+position k counts the blocks whose positions 1..k-1 were all right, ``correct`` those whose
+position k is right too. acc_k is then the chance that drafted token k is accepted once the
+tokens before it were, and ``ttt.acceptance_length`` turns it into a simulated tau.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model.target import finish_logits, output_head
+from .ttt import TTTOutput
+
+IGNORE = -100
+
+
+def default_gamma(block_size: int) -> float:
+    """The loss decay of the DFlash recipes: 7 for blocks of 16, 4 for 8 (z-lab, SpecForge); between
+    and beyond, half the block less one, at least 1."""
+    return {16: 7.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2 - 1))
+
+
+def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma) for the drafted positions k = 1..B-1."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32, device=device) / gamma)
+
+
+def sample_anchors(scored: torch.Tensor, lengths: torch.Tensor, count: int,
+                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``count`` anchors per row [B, m] (ascending) and which are real [B, m].
+
+    An anchor a is a position whose next token a + 1 exists and is scored (``scored`` [B, T]):
+    its block has at least one label. Drawn without replacement from a generator of ``seed``
+    alone, so a resumed run draws what the uninterrupted one did.
+    """
+    gen = torch.Generator().manual_seed(int(seed) & 0x7FFFFFFFFFFFFFFF)
+    b, t = scored.shape
+    nxt = F.pad(scored[:, 1:].cpu(), (0, 1), value=False)
+    nxt &= torch.arange(t)[None] < (lengths.cpu()[:, None] - 1)
+    picks = []
+    for row in nxt:
+        cand = row.nonzero(as_tuple=True)[0]
+        if cand.numel() > count:
+            cand = cand[torch.randperm(cand.numel(), generator=gen)[:count]].sort().values
+        picks.append(cand)
+    m = max(1, max(p.numel() for p in picks))
+    anchors = torch.zeros(b, m, dtype=torch.long)
+    real = torch.zeros(b, m, dtype=torch.bool)
+    for i, p in enumerate(picks):
+        anchors[i, :p.numel()], real[i, :p.numel()] = p, True
+    return anchors.to(scored.device), real.to(scored.device)
+
+
+@torch.no_grad()
+def target_argmax(target, final: torch.Tensor, used: torch.Tensor, max_elements: int = 1 << 26) -> torch.Tensor:
+    """The target's argmax [B, T] from its final hidden states at the ``used`` positions (-1 elsewhere),
+    full-vocabulary logits computed a chunk of rows at a time."""
+    b, t, _ = final.shape
+    head = output_head(target)
+    dtype = getattr(target, "compute_dtype", None) or head.weight.dtype
+    weight = head.weight.to(dtype)
+    bias = getattr(head, "bias", None)
+    bias = bias.to(dtype) if bias is not None else None
+    flat, where = final.reshape(b * t, -1), used.reshape(-1).nonzero(as_tuple=True)[0]
+    out = torch.full((b * t,), -1, dtype=torch.long, device=final.device)
+    chunk = max(1, max_elements // weight.shape[0])
+    for i in range(0, where.numel(), chunk):
+        pos = where[i:i + chunk]
+        out[pos] = finish_logits(target, F.linear(flat[pos].to(dtype), weight, bias).float()).argmax(-1)
+    return out.view(b, t)
+
+
+def block_labels(argmax: torch.Tensor, scored: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
+                 real: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Labels [B, m, B-1]: at drafted position k of the block at a, the target's argmax at a + k - 1
+    (its prediction of the token at a + k), where a + k exists and is scored; IGNORE elsewhere."""
+    t = argmax.shape[1]
+    k = torch.arange(1, block_size, device=anchors.device)
+    pos = anchors[..., None] + k  # the predicted token's position
+    ok = real[..., None] & (pos < lengths[:, None, None])
+    at = pos.clamp(max=t - 1)
+    ok &= scored.gather(1, at.flatten(1)).view_as(at)
+    lab = argmax.gather(1, (at - 1).flatten(1)).view_as(at)
+    ok &= lab >= 0
+    return torch.where(ok, lab, torch.full_like(lab, IGNORE))
+
+
+def needed_positions(scored: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor, real: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+    """The positions [B, T] whose target argmax the labels read (a + k - 1 for every block row)."""
+    b, t = scored.shape
+    used = torch.zeros(b, t, dtype=torch.bool, device=scored.device)
+    pos = (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(max=t - 1)
+    ok = real[..., None] & (pos + 1 < lengths[:, None, None])
+    used.view(-1)[(pos + torch.arange(b, device=pos.device)[:, None, None] * t)[ok]] = True
+    return used
+
+
+class DFlashLoss(nn.Module):
+    """The draft wrapped for training, as ``ttt.TTTModel`` wraps EAGLE-3's: forward = one step's
+    loss and statistics (a module so DDP/FSDP see the forward and synchronise gradients)."""
+
+    def __init__(self, draft, gamma: float | None = None):
+        super().__init__()
+        self.draft = draft
+        self.block = draft.config.block_size
+        self.gamma = gamma or default_gamma(self.block)
+        self.steps = self.block - 1  # the statistics' length: one entry per drafted position
+        self.active = None  # the trainer's --ttt-warmup hook; a block is drafted whole, so unused
+
+    def forward(self, input_ids, aux, anchors, labels) -> TTTOutput:
+        valid = labels != IGNORE  # [B, m, B-1]
+        states = self.draft.block_states(aux, input_ids, anchors)[:, :, 1:]  # rows 1..B-1 draft the tokens
+        h = self.draft.norm(states[valid])
+        logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
+        ce = F.cross_entropy(logits, labels[valid], reduction="none")
+        w = position_weights(self.block, self.gamma, labels.device).expand_as(labels)[valid]
+        loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
+        if not valid.any():
+            loss = states.sum() * 0.0  # no label in this micro-batch: a zero that still reaches every weight
+        with torch.no_grad():
+            hit = torch.zeros_like(valid)
+            hit[valid] = logits.argmax(-1) == labels[valid]
+            ahead = torch.cumprod(F.pad(hit, (1, 0), value=True)[..., :-1].long(), dim=-1).bool()
+            counted_at = valid & ahead  # position k counts when 1..k-1 were all right
+            counted = counted_at.sum((0, 1))
+            correct = (counted_at & hit).sum((0, 1))
+            k_of = torch.arange(self.steps, device=labels.device).expand_as(labels)[valid]
+            step_loss = torch.zeros(self.steps, device=labels.device).index_add_(0, k_of, ce.detach())
+            step_loss = step_loss / valid.sum((0, 1)).clamp_min(1)
+        return TTTOutput(loss, step_loss, correct, counted)
+

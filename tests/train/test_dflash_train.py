@@ -1,0 +1,113 @@
+"""DFlash training (docs/design.md §13) through the same trainer, store and checkpoints as EAGLE-3."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from eagle3cli.config.train_config import TrainError
+from eagle3cli.model.layers import dflash_layer_ids, store_layers
+from eagle3cli.train import dflash_loss
+from eagle3cli.train.checkpoints import checkpoint_dirs
+from eagle3cli.train.trainer import Trainer, train
+from tests.helpers.trainer import build_store, config, peaky_target, target_dir, weights  # noqa: F401
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def both_store(tmp_path_factory, target_dir):
+    """A store of EAGLE-3's and DFlash's streams together (gen-data --draft-type eagle3,dflash)."""
+    from transformers import AutoConfig
+
+    ids = store_layers(AutoConfig.from_pretrained(target_dir), ("eagle3", "dflash")).ids
+    return build_store(tmp_path_factory.mktemp("both"), target_dir, layers=ids)
+
+
+def dconfig(store, target_dir, out, **kw):
+    base = dict(draft_type="dflash", block_size=4, draft_layers=1, num_anchors=8, lr=3e-3, epochs=3)
+    return config(store, target_dir, out, **{**base, **kw})
+
+
+# ---- the pieces of a step --------------------------------------------------------------------
+
+def test_anchors_sit_where_the_next_token_is_scored_and_are_reproducible():
+    scored = torch.zeros(2, 12, dtype=torch.bool)
+    scored[0, 5:10] = True
+    scored[1, 2:4] = True
+    lengths = torch.tensor([10, 12])
+    a, real = dflash_loss.sample_anchors(scored, lengths, 3, seed=7)
+    assert a.shape == (2, 3)
+    got0 = a[0][real[0]].tolist()
+    assert len(got0) == 3 and set(got0) <= {4, 5, 6, 7, 8} and got0 == sorted(got0)
+    assert a[1][real[1]].tolist() == [1, 2] and not real[1, 2]
+    b, real_b = dflash_loss.sample_anchors(scored, lengths, 3, seed=7)
+    assert torch.equal(a, b) and torch.equal(real, real_b)
+
+
+def test_labels_are_the_targets_argmax_one_position_back_and_stop_at_the_end():
+    argmax = torch.arange(100, 110)[None]  # the target's choice after position p is 100 + p
+    scored = torch.ones(1, 10, dtype=torch.bool)
+    scored[0, 6] = False
+    lab = dflash_loss.block_labels(argmax, scored, torch.tensor([9]), torch.tensor([[2, 6]]),
+                                   torch.tensor([[True, True]]), block_size=4)
+    ig = dflash_loss.IGNORE
+    assert lab.tolist() == [[[102, 103, 104], [106, 107, ig]]]  # pos 6 + 3 = 9 is past the length
+    lab = dflash_loss.block_labels(argmax, scored, torch.tensor([9]), torch.tensor([[3]]),
+                                   torch.tensor([[True]]), block_size=4)
+    assert lab.tolist() == [[[103, 104, ig]]]  # position 6 is not scored
+    used = dflash_loss.needed_positions(scored, torch.tensor([9]), torch.tensor([[2, 6]]),
+                                        torch.tensor([[True, True]]), 4)
+    assert used[0].nonzero().flatten().tolist() == [2, 3, 4, 6, 7]
+
+
+def test_position_weights_decay_from_one():
+    w = dflash_loss.position_weights(16, dflash_loss.default_gamma(16))
+    assert w[0] == 1 and abs(float(w[7]) - float(torch.exp(torch.tensor(-1.0)))) < 1e-6
+    assert dflash_loss.default_gamma(8) == 4
+
+
+# ---- the trainer ------------------------------------------------------------------------------
+
+def test_dflash_trains_from_a_shared_store_and_its_loss_goes_down(both_store, target_dir, tmp_path):
+    t = Trainer(dconfig(both_store, target_dir, tmp_path / "run", epochs=6), quiet=True)
+    t.setup()
+    assert t.layer_ids == dflash_layer_ids(8) and t.columns is None  # the union is DFlash's set on 8 layers
+    res = t.run(stop_after=10 ** 6)
+    losses = [h["loss"] for h in res.history if "loss" in h]
+    assert len(losses) >= 6 and sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2
+    acc = [h["acc"] for h in res.history if "acc" in h]
+    assert len(acc[-1]) == 3  # one statistic per drafted position (block of 4)
+
+
+def test_eagle3_picks_its_own_streams_from_the_shared_store(both_store, target_dir, tmp_path):
+    t = Trainer(config(both_store, target_dir, tmp_path / "e"), quiet=True)
+    t.setup()
+    assert t.layer_ids == (2, 4, 5) and t.columns == [0, 2, 3]
+
+
+def test_a_store_without_dflash_streams_is_refused_in_one_line(tmp_path, target_dir):
+    eagle_only = build_store(tmp_path / "s", target_dir, n=6)
+    with pytest.raises(TrainError, match=r"missing \(3, 6\)\): run `eagle3 gen-data --draft-type dflash`"):
+        train(dconfig(eagle_only, target_dir, tmp_path / "run"), quiet=True)
+
+
+def test_mask_token_may_not_be_an_end_token(both_store, target_dir, tmp_path):
+    with pytest.raises(TrainError, match="--mask-token-id 2 is an end or pad token"):
+        train(dconfig(both_store, target_dir, tmp_path / "run", mask_token_id=2), quiet=True)
+
+
+def test_dflash_resume_is_bit_identical(both_store, target_dir, tmp_path):
+    kw = dict(save_every=3, val_fraction=0.0)
+    full = Trainer(dconfig(both_store, target_dir, tmp_path / "full", **kw), quiet=True)
+    full.setup()
+    full_res = full.run(stop_after=8)
+    cut = dconfig(both_store, target_dir, tmp_path / "cut", **kw)
+    part = train(cut, quiet=True, stop_after=5)
+    assert part.stopped and [p.name for p in checkpoint_dirs(tmp_path / "cut")] == ["step-00000003"]
+    resumed = Trainer(replace(cut, resume=True), quiet=True)
+    resumed.setup()
+    res = resumed.run(stop_after=8)
+    assert res.step == full_res.step == 8
+    a, b = weights(full_res.draft), weights(res.draft)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
