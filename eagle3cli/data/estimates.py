@@ -22,9 +22,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def bytes_per_token(hidden: int, features: str) -> int:
-    """(3 streams + final) x hidden x 2 bytes, plus 5 bytes of id and mask."""
-    return (3 + 1) * hidden * BYTES_PER_VALUE + 5 if features == "offline" else 5
+def bytes_per_token(hidden: int, features: str, streams: int = 3) -> int:
+    """(the streams + final) x hidden x 2 bytes, plus 5 bytes of id and mask."""
+    return (streams + 1) * hidden * BYTES_PER_VALUE + 5 if features == "offline" else 5
 
 
 def estimated_tokens(tokenizer, conv: Conversation, o) -> int:
@@ -54,19 +54,20 @@ def estimated_tokens(tokenizer, conv: Conversation, o) -> int:
     return min(n + answers * (o.max_new_tokens + 8), o.max_length)
 
 
-def estimate_store(tokenizer, convs: list[Conversation], o: GenDataOptions, hidden: int) -> tuple[int, int]:
+def estimate_store(tokenizer, convs: list[Conversation], o: GenDataOptions, hidden: int,
+                   streams: int = 3) -> tuple[int, int]:
     """(tokens, bytes) expected, from up to 500 conversations extrapolated (estimated_tokens)."""
     sample = convs[:: max(1, len(convs) // 500)][:500]
     total = sum(estimated_tokens(tokenizer, c, o) for c in sample)
     tokens = int(total * len(convs) / max(1, len(sample)))
-    return tokens, tokens * bytes_per_token(hidden, o.features)
+    return tokens, tokens * bytes_per_token(hidden, o.features, streams)
 
 
-def disk_line(tokens: int, nbytes: int, hidden: int, features: str) -> str:
+def disk_line(tokens: int, nbytes: int, hidden: int, features: str, streams: int = 3) -> str:
     """The estimate as said before the run: tokens x bytes a token (and what makes them up)."""
-    per_tok = bytes_per_token(hidden, features)
+    per_tok = bytes_per_token(hidden, features, streams)
     return (f"disk estimate: ~{tokens:,} tokens x {per_tok:,} B/token "
-            f"({'(3+1) x %d x 2 + ids/mask' % hidden if features == 'offline' else 'ids + mask'})"
+            f"({'(%d+1) x %d x 2 + ids/mask' % (streams, hidden) if features == 'offline' else 'ids + mask'})"
             f" = ~{human_bytes(nbytes)}")
 
 

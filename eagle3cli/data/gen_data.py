@@ -300,8 +300,9 @@ class Pipeline:
         o, console = self.opts, self.console
         self.setup()
         self.load_data()
-        tokens, nbytes = estimate_store(self.tokenizer, self.convs, o, self.hidden)
-        console.print(disk_line(tokens, nbytes, self.hidden, o.features), highlight=False)
+        streams = len(self.layers.ids)
+        tokens, nbytes = estimate_store(self.tokenizer, self.convs, o, self.hidden, streams)
+        console.print(disk_line(tokens, nbytes, self.hidden, o.features, streams), highlight=False)
         if o.dry_run:
             self.dry_run()
             return None
