@@ -22,6 +22,8 @@ class DFlashDrafter:
     """Wraps ``model.dflash.DFlashDraft``: per-layer caches of the committed context's keys and values
     and the log-probabilities of the last drafted block."""
 
+    draft_type = "dflash"
+
     def __init__(self, draft, dtype: torch.dtype | None = None):
         """``dtype``: draft in it (a cast copy; the caller's draft is left as it is); None: the draft's."""
         if dtype is not None and next(draft.parameters()).dtype != dtype:

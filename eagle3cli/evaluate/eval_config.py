@@ -40,6 +40,8 @@ class EvalConfig:
     llama_cpp: str | None = None  # where llama-server is (else $EAGLE3_LLAMA_CPP, then PATH)
     target_gguf: str | None = None  # the target as GGUF (else converted once into the cache)
     log_dir: str | None = None  # where llama-server's log goes
+    # a DFlash draft's held-out per-position acceptance (its training record), reported by --tree auto
+    heldout_acc: tuple[float, ...] | None = None
 
     @classmethod
     def from_options(cls, opts) -> "EvalConfig":

@@ -12,6 +12,7 @@ results (``report``); this module runs them in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -23,7 +24,7 @@ from .fast_setup import NotRowInvariant, eval_dtype, set_up_run
 from .measure import Decoders, first_difference, timed
 from .report import TaskStats, results_record, summarize
 from .tasks import load_task
-from .tree_auto import calibrate
+from .tree_auto import calibrate, calibrate_block
 
 
 def check_draft(draft_dir: str, target_config):
@@ -95,7 +96,12 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
     # Warm-up (same for every method) on the first prompt, then optional tree calibration.
     firsts = _first_turns(tokenizer, loaded, cfg, max_pos, next(target.parameters()).device)
     dec.warm_up(firsts[0], plain_engine)
-    auto = calibrate(dec, run, firsts, log) if run.tree_auto else None
+    auto = None
+    if run.tree_auto:  # a block drafter (DFlash) may choose a chain: the run's mode follows its choice
+        block = hasattr(run.drafter, "fit_depth")
+        auto = (calibrate_block(dec, run, firsts, log, cfg.heldout_acc) if block else calibrate(dec, run, firsts, log))
+        if settings.mode != cfg.mode:
+            cfg = dataclasses.replace(cfg, mode=settings.mode, steps=settings.steps)
     measured = _Measured(dec, tokenizer, run.exact, plain_engine, max_pos, log)
     results, cut = {}, {}
     for task, prompts in loaded:
@@ -116,7 +122,9 @@ def evaluate(target, tokenizer, draft, cfg: EvalConfig, progress=None, log=print
                 f"{len(stats.fast_differs_from_hf)} turns: in bf16 HF's attention rounds otherwise and is "
                 f"not row-invariant; speculative output is held to the fast path's plain decoding")
         results[task] = summarize(stats, cfg)
-    return results_record(target, cfg, settings, run, auto, plain_engine, results, measured.categories, cut)
+    record = results_record(target, cfg, settings, run, auto, plain_engine, results, measured.categories, cut)
+    record["draft_type"] = getattr(run.drafter, "draft_type", "eagle3")
+    return record
 
 
 def _first_turns(tokenizer, loaded, cfg: EvalConfig, max_pos, dev) -> list:

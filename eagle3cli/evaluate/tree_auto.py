@@ -1,5 +1,10 @@
 """``--tree auto``: the verification latency of each row count on this machine, and the tree
-(total tokens, depth) that a big-tree calibration run says decodes the most tokens a second."""
+(total tokens, depth) that a big-tree calibration run says decodes the most tokens a second.
+
+A DFlash draft (a block drafter: one forward a cycle, whatever the depth) gets its own choice
+(``calibrate_block``): how many of the block's B - 1 tokens a chain verifies, or a top-k tree over
+the block's positions where that decodes more tokens a second, from the same latency table.
+"""
 
 from __future__ import annotations
 
@@ -94,11 +99,14 @@ def _interp(lat: dict[int, float], n: int) -> float:
     return lat[xs[-1]] * n / xs[-1]
 
 
-def choose_tree(outputs, latency: dict[int, float], max_total: int, max_depth: int) -> dict:
+def choose_tree(outputs, latency: dict[int, float], max_total: int, max_depth: int,
+                draft_per_cycle: bool = False) -> dict:
     """Pick (total_tokens, depth) maximising expected tokens/s from a big-tree calibration run.
 
     A smaller EAGLE-2 tree (N nodes, depth d) is exactly the first N nodes of depth <= d in the
     big tree's ranking, so each calibration cycle tells what every smaller tree would accept.
+    The draft costs a step per level, or with ``draft_per_cycle`` (a block drafter) the same
+    forward whatever the depth.
     """
     cycles = [(ranks, depths) for o in outputs for ranks, depths in zip(o.accepted_ranks, o.rank_depths)]
     n_cycles = sum(o.forwards for o in outputs)
@@ -122,11 +130,80 @@ def choose_tree(outputs, latency: dict[int, float], max_total: int, max_depth: i
                     a += 1
                 acc += a + 1
             tau = acc / len(cycles)
-            speed = tau / (d * draft_level + _interp(latency, n + 1) + book)
+            speed = tau / ((max_depth if draft_per_cycle else d) * draft_level + _interp(latency, n + 1) + book)
             if best is None or speed > best["tokens_per_s"]:
                 best = {"total_tokens": n, "depth": d, "tau": tau, "tokens_per_s": speed}
     best["latency_ms"] = {k: round(v * 1000, 3) for k, v in latency.items()}
     return best
+
+
+def choose_chain(outputs, latency: dict[int, float], max_steps: int) -> dict:
+    """The chain length k <= ``max_steps`` maximising expected tokens/s, from a calibration run of
+    ``max_steps``-token chains of a block drafter: a chain of k verifies the same block's first k
+    tokens and accepts min(accepted, k) of them, plus the bonus; the block costs one forward at any k."""
+    accepted = [a - 1 for o in outputs for a in o.accept_lengths]
+    n_cycles = sum(o.forwards for o in outputs)
+    if not accepted:
+        raise EvalError("tree auto: no calibration cycles (empty answers?)")
+    draft = sum(o.times["draft"] for o in outputs) / max(1, n_cycles)
+    book = sum(o.times["bookkeeping"] for o in outputs) / max(1, n_cycles)
+    taus = {k: 1 + sum(min(a, k) for a in accepted) / len(accepted) for k in range(1, max_steps + 1)}
+    speed = {k: tau / (draft + _interp(latency, k + 1) + book) for k, tau in taus.items()}
+    k = max(speed, key=lambda k: (speed[k], -k))
+    return {"steps": k, "tau": taus[k], "tokens_per_s": speed[k], "chain_tau": {str(i): round(t, 3)
+                                                                               for i, t in taus.items()}}
+
+
+def heldout_chain_tau(acc, steps: int) -> float | None:
+    """The tau a chain of ``steps`` tokens gets from the draft's held-out per-position acceptance
+    (acc_k: token k accepted once tokens 1..k-1 were, as training records it), or None without it."""
+    from ..train.ttt import acceptance_length
+
+    if not acc or len(acc) < steps:
+        return None
+    return acceptance_length([float(a) for a in acc[:steps]])
+
+
+def calibrate_block(dec, run, firsts, log=print, heldout_acc=None) -> dict:
+    """``calibrate`` for a block drafter (DFlash): a chain of the block's B - 1 tokens and a 64-node
+    top-k tree over its positions, each on up to three of ``firsts``; the chain length, or the tree
+    where it decodes more tokens a second, goes into ``dec.settings``. The held-out tau of the chosen
+    chain length (``heldout_acc``, from the draft's training record) is reported beside the measured
+    one: a draft that agreed with the target in training and is rarely accepted here shows there."""
+    from ..decode.generator import SpecSettings
+
+    settings, fast, top = dec.settings, dec.fast, dec.drafter.max_depth
+    common = {**settings.__dict__, "temperature": 0.0, "max_new_tokens": min(64, dec.cfg.max_new_tokens)}
+    chain_runs = [dec.spec(f, SpecSettings(**{**common, "mode": "chain", "steps": top})) for f in firsts[:3]]
+    tree_runs = [dec.spec(f, SpecSettings(**{**common, "mode": "tree", "total_tokens": 64, "depth": top}))
+                 for f in firsts[:3]]
+    first = firsts[0]
+    lat = (verify_latency_fast(dec.target, first, fast.max_len, decoder=fast.decoder) if fast is not None
+           else verify_latency(dec.target, first))
+    chain = choose_chain(chain_runs, lat, top)
+    tree = choose_tree(tree_runs, lat, 64, top, draft_per_cycle=True)
+    use_tree = tree["tokens_per_s"] > chain["tokens_per_s"]
+    auto = {"draft": "block", "block_size": top + 1, "mode": "tree" if use_tree else "chain",
+            "chain": chain, "tree": {k: v for k, v in tree.items() if k != "latency_ms"},
+            "latency_ms": tree["latency_ms"], "latency_path": "fast" if fast is not None else "hf"}
+    settings.mode = auto["mode"]
+    if use_tree:
+        settings.total_tokens, settings.depth = tree["total_tokens"], tree["depth"]
+        auto.update(total_tokens=tree["total_tokens"], depth=tree["depth"], tau=tree["tau"])
+        what = f"a {tree['total_tokens']}-node tree of depth {tree['depth']}"
+    else:
+        settings.steps = chain["steps"]
+        auto.update(steps=chain["steps"], tau=chain["tau"])
+        what = f"a chain of {chain['steps']}"
+    auto["heldout_tau"] = heldout_chain_tau(heldout_acc, chain["steps"])
+    run.packing = pack_for_run(fast, settings, log)
+    run.exact = check_exact(fast, settings, log)
+    held = (f"; held-out acceptance gives a chain of {chain['steps']} tau {auto['heldout_tau']:.2f}"
+            if auto["heldout_tau"] is not None else "")
+    log(f"tree auto (block of {top + 1}): {what} (expected tau {auto['tau']:.2f}; chain of {chain['steps']} "
+        f"{chain['tau']:.2f} at {chain['tokens_per_s']:.1f} tok/s, {tree['total_tokens']}-node tree "
+        f"{tree['tau']:.2f} at {tree['tokens_per_s']:.1f}){held}")
+    return auto
 
 
 def calibrate(dec, run, firsts, log=print) -> dict:
