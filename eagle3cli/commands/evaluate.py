@@ -65,6 +65,8 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     cfg = EvalConfig.from_options(opts)
     target_config = load_config(spec)
     check_supported(target_config)
+    if draft_type(opts.draft) == "dflash":
+        return _run_dflash(opts, spec, cfg, target_config)
     loaded = as_ours(opts.draft, target_config, say=lambda m: console.print(m, highlight=False))  # any format
     check_draft(loaded, target_config)
     n_prompts = sum(len(load_task(t, opts.data, opts.limit)[1]) for t in opts.task)  # fail early on bad tasks
@@ -73,6 +75,52 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
     def draft_for(target):
         d, _ = read_draft(loaded, target=target, dtype=torch.float32, device=next(target.parameters()).device)
         return d.eval()  # read_draft: norm_before_residual too
+
+    return _with_progress(n_prompts, lambda advance: evaluate_spec(spec, tokenizer, draft_for, cfg, progress=advance,
+                                                                   log=lambda m: console.print(m, highlight=False)))
+
+
+def draft_type(draft_dir) -> str:
+    """The draft family a draft folder's config.json names: ``dflash`` for a DFlash draft (z-lab's
+    ``dflash_config`` / ``DFlashDraftModel``, speculators' ``speculators_model_type``, or ours), else
+    ``eagle3`` (every EAGLE-3 format eval reads)."""
+    import json
+
+    path = Path(draft_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "eagle3"  # the EAGLE-3 readers say what is wrong with the folder
+    if not isinstance(raw, dict):
+        return "eagle3"
+    archs = raw.get("architectures") or []
+    dflash = (raw.get("draft_type") == "dflash" or "dflash_config" in raw
+              or raw.get("speculators_model_type") == "dflash" or "DFlashDraftModel" in archs)
+    return "dflash" if dflash else "eagle3"
+
+
+def _run_dflash(opts: EvalOptions, spec, cfg, target_config) -> dict:
+    """Our generator with a DFlash draft: checked against the target before either loads, its held-out
+    per-position acceptance (the training record) handed to --tree auto's report."""
+    import dataclasses
+
+    import torch
+
+    from ..evaluate.evaluate import check_draft, evaluate_spec
+    from ..evaluate.tasks import load_task
+    from ..model.target import load_tokenizer
+    from ..publish.export import METADATA_KEY, load_draft, read_config
+
+    check_draft(opts.draft, target_config)
+    metrics = (read_config(opts.draft).get(METADATA_KEY) or {}).get("metrics") or {}
+    if metrics.get("split") == "held-out" and metrics.get("acc"):
+        cfg = dataclasses.replace(cfg, heldout_acc=tuple(float(a) for a in metrics["acc"]))
+    n_prompts = sum(len(load_task(t, opts.data, opts.limit)[1]) for t in opts.task)  # fail early on bad tasks
+    tokenizer = load_tokenizer(spec)
+
+    def draft_for(target):
+        d, _ = load_draft(opts.draft, target=target, dtype=torch.float32, device=next(target.parameters()).device)
+        return d.eval()
 
     return _with_progress(n_prompts, lambda advance: evaluate_spec(spec, tokenizer, draft_for, cfg, progress=advance,
                                                                    log=lambda m: console.print(m, highlight=False)))

@@ -109,3 +109,17 @@ def test_block_tree_costs_one_draft_forward_whatever_its_depth():
 def test_heldout_chain_tau():
     assert heldout_chain_tau((0.5, 0.5, 0.5), 2) == pytest.approx(1.75)
     assert heldout_chain_tau(None, 2) is None and heldout_chain_tau((0.5,), 2) is None
+
+
+def test_eval_reads_the_draft_type_from_config_json(tmp_path):
+    from eagle3cli.commands.evaluate import draft_type
+
+    cases = {"zlab": {"architectures": ["DFlashDraftModel"], "dflash_config": {"mask_token_id": 5}},
+             "speculators": {"speculators_model_type": "dflash"}, "ours": {"draft_type": "dflash"},
+             "eagle": {"architectures": ["LlamaForCausalLMEagle3"]}, "broken": "[1, 2"}
+    for name, raw in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(raw if isinstance(raw, str) else json.dumps(raw))
+    assert {n: draft_type(tmp_path / n) for n in cases} == {"zlab": "dflash", "speculators": "dflash",
+                                                           "ours": "dflash", "eagle": "eagle3", "broken": "eagle3"}
+    assert draft_type(tmp_path / "absent") == "eagle3"
