@@ -14,7 +14,11 @@ the cycle's cost is measured at its best). Prints, each with its own time budget
 3. the EAGLE-3 draft's own step time at this geometry (one chain cycle of k drafted tokens);
 4. online TTT-7 training: target capture + teacher + 7-step unroll + backward, tokens/s, and the
    FLOP/s it achieves against the torch.matmul peak measured at the step's own GEMM shapes in
-   fp32 and bf16 (step_flops.py).
+   fp32 and bf16 (step_flops.py);
+5. the DFlash cycle (docs/design.md §13): a 5-layer DFlash draft at this geometry drafts a block of
+   16 in one forward and the target verifies its 15 tokens in one, on both paths; the drafter's
+   block rows are replaced by the target's own continuation after the draft has run, so every
+   block is accepted whole (tau = 16) and the cycle's cost is measured at its best.
 
 The whole run takes about 2.5 minutes on one H200 (136 s at Llama-3.1-8B geometry in bf16).
 
@@ -158,6 +162,66 @@ def draft_step(target, prompt, steps, dev, dtype):
         return timed(cycle, dev)
 
 
+def dflash_draft(target, dev, dtype, block: int, layers: int = 5):
+    """A DFlash draft of ``target``'s geometry: ``layers`` layers (the public drafts' 5), z-lab's
+    streams (as many as the target's depth allows), the target's embedding and head. Default
+    initialisation: the block rows are replaced by the replayed continuation anyway."""
+    from eagle3cli.model.dflash import DFlashConfig, DFlashDraft
+    from eagle3cli.model.layers import dflash_layer_ids
+
+    n = target.config.num_hidden_layers
+    cfg = DFlashConfig.from_target(target.config, dflash_layer_ids(n, min(5, n - 3)), block_size=block,
+                                   mask_token_id=target.config.vocab_size - 1, num_hidden_layers=layers)
+    with torch.device(dev):
+        draft = DFlashDraft(cfg)
+        inv_freq = draft.rotary.inv_freq
+        draft = draft.to(dtype)
+    draft.rotary.inv_freq = inv_freq  # RoPE's frequencies stay in float32, as the drafter keeps them
+    draft.set_embedding(target.get_input_embeddings().weight)
+    draft.set_head(target.get_output_embeddings().weight)
+    return draft.eval().requires_grad_(False)
+
+
+def dflash_cycles(target, fast, prompt, block, new_tokens, dev, dtype):
+    """Chain cycles of a whole DFlash block (B - 1 drafted tokens) on the HF and the fast path."""
+    from eagle3cli.decode.dflash_drafter import DFlashDrafter
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
+
+    class BlockReplay(DFlashDrafter):
+        """Drafts each block for real, then proposes the target's own continuation in its rows."""
+
+        def begin(self, input_ids=None):
+            super().begin(input_ids)
+            self.prompt = 0 if input_ids is None else input_ids.shape[1]
+
+        def block_logq(self, aux_new, new_pos, anchor):
+            real = super().block_logq(aux_new, new_pos, anchor)
+            out = torch.full_like(real, float("-inf"))
+            for i in range(real.shape[0]):  # row i + 1: the token at the anchor's position + i + 1
+                k = self.verified + i + 1 - self.prompt
+                out[i, self.ref[k] if k < len(self.ref) else 0] = 0.0
+            return out
+
+    draft = dflash_draft(target, dev, dtype, block)
+    res = {}
+    for name, f in (("hf", None), ("fast", fast)):
+        ref = greedy_generate(target, prompt, new_tokens + block + 2, eos_token_id=[-1], fast=f)
+        plain = timed(lambda: greedy_generate(target, prompt, new_tokens, eos_token_id=[-1], fast=f), dev, 3)
+        drafter = BlockReplay(draft)
+        drafter.ref = ref
+        out = speculative_generate(target, drafter, prompt, mode="chain", steps=block - 1, max_new_tokens=new_tokens,
+                                   eos_token_id=[-1], fast=f)
+        t = out.times
+        cycle = (t["draft"] + t["verify"] + t["bookkeeping"]) / out.forwards
+        step = plain / new_tokens
+        res[name] = {"tau": out.tau, "cycle_ms": 1000 * cycle, "draft_ms": 1000 * t["draft"] / out.forwards,
+                     "verify_ms": 1000 * t["verify"] / out.forwards, "plain_step_ms": 1000 * step,
+                     "cycle_in_plain_steps": cycle / step, "tokens_per_s": len(out.tokens) / (
+                         t["prefill"] + t["draft"] + t["verify"] + t["bookkeeping"]),
+                     "plain_tokens_per_s": new_tokens / plain, "lossless": out.tokens == ref[:len(out.tokens)]}
+    return res
+
+
 def ttt_training(target, seq_len, dev, dtype, repeats=3):
     from eagle3cli.model.draft import DraftConfig, Eagle3Draft
     from eagle3cli.model.layers import default_layer_ids
@@ -196,7 +260,7 @@ def ttt_training(target, seq_len, dev, dtype, repeats=3):
 
 
 def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_tokens=65, seq_len=2048,
-        sizes=(1, 2, 4, 8, 16, 32, 64), steps=3) -> dict:
+        sizes=(1, 2, 4, 8, 16, 32, 64), steps=3, block=16) -> dict:
     from eagle3cli.decode.fast_target import FastTarget
 
     dt = getattr(torch, dtype)
@@ -206,7 +270,7 @@ def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_t
     vocab = target.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(10, vocab, (1, prefix), generator=g).to(dev)
-    fast = FastTarget(target, prefix + new_tokens + max(sizes) + 16, packed_rows=(1, steps + 1))
+    fast = FastTarget(target, prefix + new_tokens + max(sizes, block) + 16, packed_rows=(1, steps + 1))
     result = {"geometry": geometry, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "dtype": dtype, "torch": torch.__version__}
     hf, fp = verify_curve(target, fast, prompt, sizes, dev)
@@ -214,6 +278,8 @@ def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_t
     result["cycles"] = cycle_overhead(target, fast, prompt, steps, new_tokens, dev)
     result["draft_cycle_ms"] = 1000 * draft_step(target, prompt, steps, dev, dt)
     result["ttt7_tokens_per_s"], result["ttt7_flops"] = ttt_training(target, seq_len, dev, dt)
+    result["dflash_block"] = block
+    result["dflash_cycles"] = dflash_cycles(target, fast, prompt, block, new_tokens, dev, dt)
     result["seconds"] = time.perf_counter() - t0
     return result
 
@@ -236,6 +302,11 @@ def show(r: dict):
                       for dt, v in f["matmul_peak_flop_s"].items())
     print(f"  {f['flops_per_token'] / 1e9:.2f} GFLOP per token ({100 * f['gemm_share']:.0f}% in GEMMs), achieved "
           f"{f['achieved_flop_s'] / 1e12:.2f} TFLOP/s: {peaks} at the step's GEMM shapes")
+    for path, c in r["dflash_cycles"].items():
+        print(f"DFlash cycles, block of {r['dflash_block']} ({path}): tau {c['tau']:.2f}, cycle {c['cycle_ms']:.2f} ms "
+              f"(draft {c['draft_ms']:.2f}, verify {c['verify_ms']:.2f}) = {c['cycle_in_plain_steps']:.2f} plain "
+              f"steps, {c['tokens_per_s']:.0f} tokens/s against {c['plain_tokens_per_s']:.0f} plain, "
+              f"lossless {c['lossless']}")
     print(f"total {r['seconds']:.0f} s")
 
 

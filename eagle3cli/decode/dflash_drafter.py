@@ -27,7 +27,11 @@ class DFlashDrafter:
     def __init__(self, draft, dtype: torch.dtype | None = None):
         """``dtype``: draft in it (a cast copy; the caller's draft is left as it is); None: the draft's."""
         if dtype is not None and next(draft.parameters()).dtype != dtype:
+            inv_freq = draft.rotary.inv_freq
             draft = copy.deepcopy(draft).to(dtype)
+            # RoPE's frequencies stay as they were: in bf16 (8 mantissa bits) a position past a few
+            # hundred rotates by a visibly wrong angle, and the block would read the context misplaced
+            draft.rotary.inv_freq = inv_freq.clone()
         self.draft = draft
         cfg = draft.config
         self.layer_ids = tuple(cfg.target_layer_ids)  # the hidden_states[j] streams the verifier hands over

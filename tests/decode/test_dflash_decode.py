@@ -192,3 +192,17 @@ def test_sampling_follows_the_target_distribution(mode):
     target = tiny_model("llama", vocab_size=8, num_hidden_layers=3, hidden_size=32, intermediate_size=64)
     drafter = DFlashDrafter(dflash_draft(target, block=4))
     sampled_marginals(target, drafter, mode, n=200)
+
+
+def test_a_bf16_drafter_keeps_rope_in_float32_and_stays_lossless():
+    """The drafter may step in bf16 beside the target (``fast_draft.compute_dtype``); RoPE's frequencies
+    stay float32 and the caller's draft is left as it was."""
+    target = tiny_model("llama")
+    draft = dflash_draft(target)
+    drafter = as_drafter(draft, dtype=torch.bfloat16)
+    assert drafter.draft.fc.weight.dtype == torch.bfloat16 and drafter.draft.rotary.inv_freq.dtype == torch.float32
+    assert draft.fc.weight.dtype == torch.float32
+    ids = prompt(1)
+    ref = greedy_generate(target, ids, 20, eos_token_id=NO_EOS)
+    for kw in (CHAIN, TREE):
+        assert speculative_generate(target, drafter, ids, max_new_tokens=20, eos_token_id=NO_EOS, **kw).tokens == ref
