@@ -270,7 +270,7 @@ def run(geometry="llama3-8b", device="cuda", dtype="bfloat16", prefix=512, new_t
     vocab = target.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(10, vocab, (1, prefix), generator=g).to(dev)
-    fast = FastTarget(target, prefix + new_tokens + max(sizes, block) + 16, packed_rows=(1, steps + 1))
+    fast = FastTarget(target, prefix + new_tokens + max(*sizes, block) + 16, packed_rows=(1, steps + 1))
     result = {"geometry": geometry, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "dtype": dtype, "torch": torch.__version__}
     hf, fp = verify_curve(target, fast, prompt, sizes, dev)
