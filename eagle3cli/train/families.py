@@ -13,6 +13,7 @@ and the report are the same for both; a family gives the trainer
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,11 @@ class Eagle3Family:
     def positions(self) -> int:
         return self.cfg.ttt_steps
 
+    @property
+    def decay(self) -> float:
+        """Each position's loss weight over the previous one's (the logged loss sums them so)."""
+        return self.cfg.step_decay
+
     def eval_positions(self) -> int:
         return max(self.cfg.ttt_steps, self.cfg.eval_ttt_steps)
 
@@ -99,6 +105,11 @@ class DFlashFamily:
     @property
     def positions(self) -> int:
         return self.cfg.block_size - 1
+
+    @property
+    def decay(self) -> float:
+        """exp(-1/gamma): drafted position k weighs decay^(k-1) (dflash_loss.position_weights)."""
+        return math.exp(-1.0 / (self.cfg.loss_gamma or dflash_loss.default_gamma(self.cfg.block_size)))
 
     def eval_positions(self) -> int:
         return self.positions

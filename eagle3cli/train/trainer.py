@@ -312,7 +312,7 @@ class Trainer:
         tokens = acc.reduce(torch.tensor(float(self.meter.tokens), device=acc.device), "sum").item()
         rate = tokens / max(1e-9, time.time() - self.t0)
         rec = {"step": self.step, "epoch": epoch, "lr": getattr(self, "applied_lr", None),
-               "loss": decayed_loss(stats["loss"], self.cfg.step_decay), "acc": stats["acc"],
+               "loss": decayed_loss(stats["loss"], self.family.decay), "acc": stats["acc"],
                "tokens_per_s": rate, "tokens": int(tokens), "positions": stats["positions"],
                # CPU seconds of this process: other jobs on shared cores do not distort it
                "cpu_s": time.process_time() - self.c0}
@@ -329,7 +329,7 @@ class Trainer:
         rec = {"step": self.step, "epoch": epoch, "val": self.val}
         self.history.append(rec)
         self.log.write(rec, self.step)
-        self.view.note(epoch_note(epoch, self.val, self.cfg.step_decay))
+        self.view.note(epoch_note(epoch, self.val, self.family.decay))
 
     def _measure(self, epoch: int):
         """--eval-every: the draft's measured tau, logged beside the held-out simulated one."""
@@ -352,7 +352,7 @@ class Trainer:
         """Export the draft with its metadata, check it with inspect, write the summary."""
         from ..publish.inspector import inspect_draft
 
-        metrics = final_metrics(self.val, self.history, self.cfg.step_decay, self.acc.device)
+        metrics = final_metrics(self.val, self.history, self.family.decay, self.acc.device)
         metrics.update(measured_metrics(self.history, self.probe and self.probe.best, self.step))
         if self.acc.is_main_process:
             save_draft(draft, self.out, metadata(self, self.step, metrics))
