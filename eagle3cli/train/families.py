@@ -116,8 +116,9 @@ class DFlashFamily:
 
     def build(self, store, target_config, parts, warm_parts, layer_ids, say):
         cfg = self.cfg
-        if warm_parts:
-            raise TrainError("--warm-start applies to EAGLE-3 drafts; a DFlash draft starts from random layers")
+        if set(warm_parts) - {"head"}:
+            raise TrainError("--warm-start: a DFlash draft takes only head (its final norm from the target's; the "
+                             "LM head is the target's already)")
         if cfg.init_from:
             raise TrainError("--init-from continues EAGLE-3 drafts only; DFlash drafts start from random weights")
         head = output_head(parts.head).weight.detach()
@@ -140,6 +141,10 @@ class DFlashFamily:
         draft.set_embedding(parts.embed.cpu())
         draft.set_head(head.cpu())
         draft.init_weights(std=cfg.init_std, seed=cfg.seed)
+        if "head" in warm_parts:  # the draft's last norm as the target's: its rows start in the head's space
+            with torch.no_grad():
+                draft.norm.weight.copy_(parts.warm["norm"].to(draft.norm.weight.dtype))
+        parts.warm = None
         say(f"DFlash draft: {cfg.draft_layers} layer(s), blocks of {cfg.block_size} (MASK id {mask_id}), "
             f"{draft.num_parameters() / 1e6:.1f}M trainable parameters")
         return draft, None

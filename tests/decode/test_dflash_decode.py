@@ -14,59 +14,12 @@ from eagle3cli.decode.fast_target import FastTarget
 from eagle3cli.decode.generator import UnsupportedTarget, check_supported, greedy_generate, speculative_generate
 from eagle3cli.model.dflash import DFlashCache, DFlashConfig, DFlashDraft, choose_mask_token
 from tests.helpers.decoding import NO_EOS, prompt, random_draft, sampled_marginals
+from tests.helpers.dflash import BlockOracle, dflash_draft
 from tests.helpers.families import available, family_model
 from tests.helpers.tiny import tiny_model
 
 CHAIN = dict(mode="chain", steps=3)
 TREE = dict(mode="tree", total_tokens=8, depth=3, top_k=2)
-
-
-def dflash_draft(target, block: int = 4, layers: int = 1, seed: int = 0) -> DFlashDraft:
-    """A random DFlash draft of ``target``: its embedding and head, three streams, MASK off the specials."""
-    cfg = target.config.get_text_config()
-    n = cfg.num_hidden_layers
-    ids = sorted({1, n // 2, n - 1})
-    specials = [getattr(cfg, k, None) for k in ("eos_token_id", "pad_token_id", "bos_token_id")]
-    specials = [s for x in specials for s in (x if isinstance(x, list) else [x])]
-    mask = choose_mask_token(cfg.vocab_size, special_ids=specials)
-    dc = DFlashConfig.from_target(target.config, ids, block_size=block, mask_token_id=mask, num_hidden_layers=layers)
-    d = DFlashDraft(dc, embed_weight=target.get_input_embeddings().weight,
-                    head_weight=target.get_output_embeddings().weight)
-    d.init_weights(std=0.1, seed=seed)
-    return d.eval()
-
-
-class BlockOracle(DFlashDrafter):
-    """A DFlash drafter whose block rows are forced to the target's greedy continuation of the
-    committed tokens, except at some rows where the right token is only second best (a chain then
-    stops there, a top-k tree finds it on a side branch). The draft still runs every cycle, so its
-    caches are exercised as in a real run."""
-
-    def __init__(self, draft, target, wrong_every: int = 3):
-        super().__init__(draft)
-        self.target, self.wrong_every = target, wrong_every
-
-    def begin(self, input_ids=None):
-        super().begin(input_ids)
-        self.seq = [] if input_ids is None else input_ids[0, :1].tolist()
-
-    def observe(self, next_tokens, hidden_states):
-        self.seq += next_tokens.tolist()
-        return super().observe(next_tokens, hidden_states)
-
-    def block_logq(self, aux_new, new_pos, anchor):
-        drafted = super().block_logq(aux_new, new_pos, anchor)
-        rows, vocab = drafted.shape
-        assert int(anchor) == self.seq[-1] and new_pos[0, -1] + 1 == len(self.seq) - 1
-        cont = greedy_generate(self.target, torch.tensor([self.seq]), rows, eos_token_id=NO_EOS)
-        forced = torch.full((rows, vocab), -30.0)
-        for i, t in enumerate(cont):
-            if self.wrong_every and (len(self.seq) + i) % self.wrong_every == 0:
-                forced[i, (t + 1) % vocab] = -0.1  # the argmax wrong, the right token second
-                forced[i, t] = -2.5
-            else:
-                forced[i, t] = 0.0
-        return torch.log_softmax(forced, -1)
 
 
 def skip_unsupported(target, total_len: int):

@@ -13,7 +13,7 @@ from eagle3cli.evaluate.eval_config import EvalConfig
 from eagle3cli.evaluate.evaluate import evaluate
 from eagle3cli.evaluate.tree_auto import choose_chain, choose_tree, heldout_chain_tau
 from eagle3cli.train.ttt import acceptance_length
-from tests.decode.test_dflash_decode import BlockOracle, dflash_draft
+from tests.helpers.dflash import BlockOracle, dflash_draft
 
 
 @pytest.fixture(scope="module")
