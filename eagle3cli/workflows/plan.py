@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..core import hardware
 from ..core.errors import Eagle3Error
@@ -65,6 +65,12 @@ class Measurements:
     regenerated_tokens: float  # tokens a regenerated conversation stores (prompts + answers)
     text_tokens: float  # tokens of a conversation of the dataset's own text, cut at max_length
     threads_note: str = ""  # why fewer threads than cores (choose_threads)
+    step_ttt: int = 3  # the TTT steps step_s was timed with
+    # rows -> seconds of one target forward verifying that many rows after a prefix (eval's path)
+    verify_s: dict = field(default_factory=dict)
+
+    def __post_init__(self):  # plan.json keeps the rows as strings
+        object.__setattr__(self, "verify_s", {int(k): float(v) for k, v in self.verify_s.items()})
 
 
 @dataclass
@@ -81,6 +87,7 @@ class PlanFlags:
     eval_tokens: int = 64
     val_fraction: float = 0.05  # of the conversations, at most val_max
     val_max: int = 40
+    ttt_steps: int | None = None  # None: the depth the verification costs here make pay (choose_depth)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class Plan:
     warmup_steps: int
     eval_prompts: int
     seconds: dict = field(default_factory=dict)  # stage -> planned seconds
+    ttt_steps: int = 3
     reasons: list[str] = field(default_factory=list)  # one line each: data, size, eval, total
 
     @property
@@ -115,14 +123,56 @@ def _val(f: PlanFlags, conversations: int) -> int:
 
 
 def per_step_seconds(m: Measurements, f: PlanFlags, online: bool) -> tuple[float, float]:
-    """(full, warm-up) step seconds; online adds the target's forward over the step's tokens."""
+    """(full, warm-up) step seconds at ``f.ttt_steps`` (None: as timed), each TTT step after the first
+    costing the same share of the timed full step; online adds the target's forward over the step's tokens."""
     extra = f.max_tokens / m.forward_tokens_per_s if online else 0.0
-    return m.step_s + extra, m.warmup_step_s + extra
+    full = m.step_s
+    if f.ttt_steps is not None and m.step_ttt > 1:
+        full = m.warmup_step_s + (m.step_s - m.warmup_step_s) * (f.ttt_steps - 1) / (m.step_ttt - 1)
+    return full + extra, m.warmup_step_s + extra
+
+
+def warmup_steps(f: PlanFlags, steps: int) -> int:
+    """--ttt-warmup's steps: a share of them, none when the whole unroll is one step."""
+    return 0 if f.ttt_steps == 1 else int(steps * f.ttt_warmup_share)
+
+
+# A one-layer draft's drafting step costs about this share of a one-row target step on SmolLM2 (the
+# draft chain of 3 was 16.4 ms against a 76 ms verification on Zen 1 cores): the depth's price besides
+# the verification's extra rows.
+DRAFT_STEP_SHARE = 0.07
+# Held-out per-position acceptance of a quickstart draft (0.17-0.30 at its budgets, docs/benchmarks.md):
+# only the ranking of the depths depends on it, and it barely changes between these values.
+QUICKSTART_ACC = 0.25
+MAX_DEPTH = 3
+
+
+def depth_gain(verify_s: dict, depth: int, acc: float = QUICKSTART_ACC) -> float:
+    """Expected speedup of a chain of ``depth`` drafted tokens: tokens a cycle (bonus included) over
+    its cost in one-row target steps (verifying depth + 1 rows, and the drafting)."""
+    tokens = sum(acc ** k for k in range(depth + 1))
+    return tokens / (verify_s[depth + 1] / verify_s[1] + depth * DRAFT_STEP_SHARE)
+
+
+def choose_depth(m: Measurements, f: PlanFlags, acc: float = QUICKSTART_ACC) -> tuple[int, str]:
+    """TTT steps = the draft depth the measured verification costs make pay: a tree of depth 1 uses
+    only the first drafted position, so its draft is trained for that alone (cheaper steps, more of
+    them) and a deeper unroll would be paid for and never used."""
+    if f.ttt_steps is not None:
+        return f.ttt_steps, f"{f.ttt_steps} TTT steps (as asked)"
+    if not all(n in m.verify_s for n in range(1, MAX_DEPTH + 2)):
+        return m.step_ttt, f"{m.step_ttt} TTT steps (verification not timed here)"
+    gains = {d: depth_gain(m.verify_s, d, acc) for d in range(1, MAX_DEPTH + 1)}
+    depth = max(gains, key=gains.get)
+    rows = ", ".join(f"{n} rows {m.verify_s[n] / m.verify_s[1]:.2f}x" for n in range(2, MAX_DEPTH + 2))
+    return depth, (f"{depth} TTT step{'s' if depth > 1 else ''}: verifying {rows} one row here, so a chain of "
+                   f"{depth} pays most ({gains[depth]:.2f}x expected at acc {acc}, against "
+                   + ", ".join(f"{g:.2f}x at {d}" for d, g in gains.items() if d != depth) + ")")
 
 
 def stage_seconds(m: Measurements, f: PlanFlags, regenerate: bool, conversations: int, steps: int) -> dict:
     """Planned seconds of gen-data and train for this size (core.estimate's cost model)."""
-    warm = int(steps * f.ttt_warmup_share)
+    warm = warmup_steps(f, steps)
     full_s, warm_s = per_step_seconds(m, f, online=not regenerate)
     train = SETUP_S["train"] + m.load_s + train_seconds(steps, warm, full_s, warm_s)
     # held-out evaluation at each epoch's end: a forward-only unroll (about a third of a step's cost)
@@ -182,6 +232,8 @@ def minimum_seconds(m: Measurements, f: PlanFlags, regenerate: bool) -> float:
 
 def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     """Size the quickstart to end within ``f.budget_min`` (a pure function: the tests call it)."""
+    depth, depth_why = choose_depth(m, f)
+    f = replace(f, ttt_steps=depth)
     rate = regen_rate(m.regen_bound, m.regen_dtype)
     if f.regenerate is None:
         regenerate = regen_pays(m)
@@ -206,7 +258,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     room = budget * USE_OF_BUDGET - sum(fixed.values())
     n, steps = _sized(m, f, regenerate, max(1, _fit(m, f, regenerate, room)))
     seconds = {"measure": fixed.pop("measure"), **stage_seconds(m, f, regenerate, n, steps), **fixed}
-    plan = Plan(regenerate, n, steps, int(steps * f.ttt_warmup_share), prompts, seconds)
+    plan = Plan(regenerate, n, steps, warmup_steps(f, steps), prompts, seconds, ttt_steps=f.ttt_steps)
     given = [x for x, v in (("--max-samples", f.samples), ("--max-steps", f.steps)) if v is not None]
     epochs = f"{EPOCHS_REGENERATED} epochs" if regenerate else "each read once"
     plan.reasons = [
@@ -214,6 +266,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
         f"size: {n} conversations, {steps} steps of {f.max_tokens} tokens ({epochs}; "
         + (f"{' and '.join(given)} as given" if given else "the most that fit the budget") + ")",
         f"eval: {prompts} mt_bench prompt{'s' if prompts != 1 else ''}, both turns{eval_why}",
+        f"draft: {depth_why}",
         "time: " + " + ".join(f"{k} {minutes_text(v)}" for k, v in seconds.items())
         + f" = {minutes_text(plan.total_s)} of the {f.budget_min:g}-minute budget",
     ]
@@ -237,12 +290,13 @@ def stage_minutes(m: Measurements, f: PlanFlags, plan: Plan, stage: str, elapsed
     least (its first prompt always runs). A pure function, as make_plan."""
     if stage == "gen-data":
         return plan.seconds["gen-data"] * GEN_DATA_SLACK / 60
+    f = replace(f, ttt_steps=plan.ttt_steps)
     end = f.budget_min * 60 * END_SHARE - elapsed_s - plan.seconds["export"]
     if stage == "eval":
         return max(0.5, end / 60)
     full_s, warm_s = per_step_seconds(m, f, online=not plan.regenerate)
     train_fixed = plan.seconds["train"] - train_seconds(plan.steps, plan.warmup_steps, full_s, warm_s)
-    least = train_fixed + train_seconds(MIN_STEPS, int(MIN_STEPS * f.ttt_warmup_share), full_s, warm_s)
+    least = train_fixed + train_seconds(MIN_STEPS, warmup_steps(f, MIN_STEPS), full_s, warm_s)
     return max(least, end - plan.seconds["eval"]) / 60
 
 
@@ -329,6 +383,25 @@ def forward_tokens_per_s(model, layer_ids, tokens: int) -> float:
         return tokens / median_seconds(lambda: capture(model, ids, layer_ids), 1)
 
 
+def verify_row_seconds(model, max_len: int, prefix: int = 128) -> dict[int, float]:
+    """Seconds of one verification of 1 .. MAX_DEPTH + 1 rows after ``prefix`` tokens, as eval's
+    fast path will verify them (each packing tried, the fastest kept), or through the HF forward
+    where the fast path does not take the target; {} where neither runs."""
+    import torch
+
+    from ..decode.fast_target import config_unsupported_reason
+    from ..evaluate.tree_auto import verify_latency, verify_latency_fast
+
+    sizes = tuple(range(1, MAX_DEPTH + 2))
+    ids = torch.randint(3, 100, (1, prefix))
+    try:
+        if config_unsupported_reason(model.config) is None:
+            return verify_latency_fast(model, ids, max_len, sizes=sizes)
+        return verify_latency(model, ids, sizes=sizes)
+    except (RuntimeError, ValueError, NotImplementedError):  # eval cannot verify it: the timed TTT depth stays
+        return {}
+
+
 def decode_token_seconds(model, prefix: int = 128) -> float:
     """One plain decoding step of one row after ``prefix`` tokens (HF forward with a cache)."""
     return hf_step_seconds(model, prefix)
@@ -369,9 +442,10 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     forward = forward_tokens_per_s(model, layers, min(max_tokens, 512))
     step_s, warm_s = train_step_seconds(model, layers, max_tokens, ttt_steps, accept_loss)
     decode_s = decode_token_seconds(model)
+    verify = verify_row_seconds(model, max_length)
     answer, stored, text = data_lengths(load_tokenizer(spec), sample, max_new_tokens, max_length)
     return Measurements(cpu=hardware.cpu_class() if device == "cpu" else device, threads=threads, threads_note=why,
                         regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward, step_s=step_s,
                         warmup_step_s=warm_s, decode_token_s=decode_s, load_s=load_s,
                         spent_s=time.perf_counter() - started, answer_tokens=answer, regenerated_tokens=stored,
-                        text_tokens=text)
+                        text_tokens=text, step_ttt=ttt_steps, verify_s=verify)

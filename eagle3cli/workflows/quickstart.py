@@ -44,9 +44,10 @@ class QuickstartOptions:
     max_new_tokens: int = 128  # longest regenerated answer (with regenerate)
     max_length: int = 512  # prompt + answers per conversation (a longer first prompt is not answered)
     draft_vocab_size: str = "8192"
-    # Measured on SmolLM2 (docs/benchmarks.md, training ablation): at a few CPU-minutes, TTT 3
-    # reaches a higher held-out acceptance than TTT 7, in half the CPU time.
-    ttt_steps: int = 3
+    # None: the plan's, the depth the verification costs measured here make pay (plan.choose_depth):
+    # at most 3, where TTT 3 reached a higher held-out acceptance than TTT 7 in half the CPU time
+    # (docs/benchmarks.md, training ablation); 1 where only a depth-1 tree pays.
+    ttt_steps: int | None = None
     max_tokens: int = 1024  # training tokens per optimizer step
     # Every position scored (train --loss-on all): the teacher is the target's own distribution at a
     # prompt position too, and a data-bound draft gains from the extra positions (docs/benchmarks.md).
@@ -149,7 +150,8 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log, minutes: float 
                  max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume,
                  val_fraction=val_fraction,
                  eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
-                 accept_loss=opts.accept_loss, ttt_warmup=int(opts.steps * opts.ttt_warmup_share))
+                 accept_loss=opts.accept_loss,
+                 ttt_warmup=0 if opts.ttt_steps == 1 else int(opts.steps * opts.ttt_warmup_share))
     if minutes:  # a store that gen-data's limit stopped early is trained as it is
         flags.update(max_minutes=minutes, max_steps=opts.steps * STEP_CAP, allow_incomplete=True)
     cfg, recipe = resolve("auto", flags, model_type=_model_type(model))
@@ -229,7 +231,7 @@ def _plan_flags(opts: QuickstartOptions):
 
     return PlanFlags(budget_min=opts.budget, regenerate=opts.regenerate, samples=opts.samples, steps=opts.steps,
                      eval_prompts=opts.eval_prompts, max_tokens=opts.max_tokens,
-                     ttt_warmup_share=opts.ttt_warmup_share, eval_tokens=opts.eval_tokens)
+                     ttt_warmup_share=opts.ttt_warmup_share, eval_tokens=opts.eval_tokens, ttt_steps=opts.ttt_steps)
 
 
 def _sample(opts: QuickstartOptions, n: int = 200) -> list:
@@ -260,7 +262,7 @@ def plan_run(opts: QuickstartOptions, model: str, started: float, log) -> dict:
             log(f"plan: reusing {saved} ({kept['plan']['conversations']} conversations, {kept['plan']['steps']} steps)")
             return kept
     log("measuring this machine (half a minute; more on busy cores) ...")
-    m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps,
+    m = measure(model, _sample(opts), opts.max_new_tokens, opts.max_length, opts.max_tokens, opts.ttt_steps or 3,
                 opts.accept_loss, started)
     for line in measurement_lines(m):
         log(f"  {line}")
@@ -279,11 +281,13 @@ def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: b
     if not plan_only and opts.samples is not None and opts.steps is not None:
         opts.regenerate = True if opts.regenerate is None else opts.regenerate
         opts.eval_prompts = opts.eval_prompts or 4
+        opts.ttt_steps = opts.ttt_steps or 3
         return None
     planned = plan_run(opts, model, started, log)
     p = planned["plan"]
     opts.regenerate, opts.samples, opts.steps = p["regenerate"], p["conversations"], p["steps"]
     opts.eval_prompts = p["eval_prompts"]
+    opts.ttt_steps = p.get("ttt_steps") or opts.ttt_steps or 3
     return planned
 
 
@@ -296,7 +300,8 @@ def _minutes(planned: dict | None, stage: str, started: float) -> float | None:
     if planned is None or (stage in given and planned["flags"].get(given[stage]) is not None):
         return None
     p = planned["plan"]
-    plan = Plan(p["regenerate"], p["conversations"], p["steps"], p["warmup_steps"], p["eval_prompts"], p["seconds"])
+    plan = Plan(p["regenerate"], p["conversations"], p["steps"], p["warmup_steps"], p["eval_prompts"], p["seconds"],
+                ttt_steps=p.get("ttt_steps", 3))
     return stage_minutes(Measurements(**planned["measurements"]), PlanFlags(**planned["flags"]), plan, stage,
                          time.perf_counter() - started)
 

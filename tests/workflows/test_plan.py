@@ -62,7 +62,7 @@ def test_a_bigger_budget_plans_more_and_every_plan_fits(m):
     assert plans[0].conversations < plans[1].conversations < plans[2].conversations
     assert plans[0].steps < plans[1].steps < plans[2].steps
     assert [p.eval_prompts for p in plans] == [2, 4, 8]
-    assert len(plans[1].reasons) == 4 and plans[1].reasons[-1].endswith("of the 20-minute budget")
+    assert len(plans[1].reasons) == 5 and plans[1].reasons[-1].endswith("of the 20-minute budget")
 
 
 def test_regenerated_data_is_read_three_times_and_online_once():
@@ -121,3 +121,45 @@ def test_each_stage_is_limited_to_the_time_left_for_it():
     after_train = on_time + train * 60
     assert stage_minutes(FAST, f, p, "eval", after_train) * 60 == pytest.approx(p.seconds["eval"])
     assert stage_minutes(FAST, f, p, "eval", 20 * 60) == 0.5  # the first prompt runs regardless
+
+
+# Verification of 1..4 rows after a prefix, in seconds: AVX-512's tiles (rows nearly free) and
+# AVX2 Zen 1's (3 rows 3.3x one, as its quickstart measured)
+FLAT_ROWS = {1: 0.030, 2: 0.031, 3: 0.032, 4: 0.033}
+STEEP_ROWS = {1: 0.067, 2: 0.090, 3: 0.221, 4: 0.290}
+
+
+def test_the_ttt_depth_is_the_draft_depth_the_verification_costs_make_pay():
+    from eagle3cli.workflows.plan import choose_depth
+
+    flat, steep = dataclasses.replace(FAST, verify_s=FLAT_ROWS), dataclasses.replace(FAST, verify_s=STEEP_ROWS)
+    # a strong draft on rows that are nearly free: the deepest chain; on AVX2's rows only depth 1
+    assert choose_depth(flat, PlanFlags(), acc=0.7)[0] == 3 and choose_depth(steep, PlanFlags(), acc=0.7)[0] == 1
+    # a quickstart's draft (acc ~0.25): depth 1 even where rows are nearly free, the drafting steps cost more
+    assert choose_depth(flat, PlanFlags())[0] == 1
+    planned = make_plan(steep, PlanFlags(budget_min=20))
+    deep = make_plan(steep, PlanFlags(budget_min=20, ttt_steps=3))  # asked for: kept
+    assert planned.ttt_steps == 1 and planned.warmup_steps == 0  # one step unrolled: no warm-up to do
+    assert deep.ttt_steps == 3 and deep.warmup_steps == int(deep.steps * 0.25)
+    assert planned.steps > deep.steps  # TTT 1 steps are cheaper: more of them in the same time
+    line = next(r for r in planned.reasons if r.startswith("draft: "))
+    assert "1 TTT step:" in line and "2 rows 1.34x" in line
+    assert make_plan(FAST, PlanFlags(budget_min=20)).ttt_steps == FAST.step_ttt  # not timed: the timed depth
+
+
+def test_step_seconds_scale_with_the_unrolled_steps():
+    from eagle3cli.workflows.plan import per_step_seconds
+
+    full3, warm = per_step_seconds(FAST, PlanFlags(ttt_steps=3), online=False)
+    full1, _ = per_step_seconds(FAST, PlanFlags(ttt_steps=1), online=False)
+    full2, _ = per_step_seconds(FAST, PlanFlags(ttt_steps=2), online=False)
+    assert full3 == pytest.approx(FAST.step_s) and full1 == pytest.approx(warm) == pytest.approx(FAST.warmup_step_s)
+    assert full2 == pytest.approx((FAST.step_s + FAST.warmup_step_s) / 2)
+
+
+def test_measurements_survive_plan_json():
+    import json
+
+    m = dataclasses.replace(FAST, verify_s=FLAT_ROWS)
+    back = Measurements(**json.loads(json.dumps(dataclasses.asdict(m))))
+    assert back == m and back.verify_s[2] == 0.031
