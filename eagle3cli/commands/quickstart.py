@@ -28,7 +28,7 @@ def quickstart(
                                               help="Training conversations (ShareGPT). (default: planned for "
                                                    "--budget)"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (1024 tokens each; the TTT "
-                                                                      "depth planned). (default: planned for --budget)"),
+                                                                      "depth planned). (default: planned)"),
     regenerate: Optional[bool] = typer.Option(None, "--regenerate/--no-regenerate",
                                               help="Have the target answer the prompts, or train online on "
                                                    "ShareGPT's own text with the target as teacher. (default: "
