@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python benchmarks/gemv_stream.py [--model $SMOL] [--threads 2] [--rounds 9]
     PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --decode [-n 64] [--rounds 5]
-    PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --rows 1,2,3,4,8,16 [--rounds 9]
+    PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --rows 1,2,3,4,8,16 [--rounds 9] \\
+        [--march native,haswell]
 
 A step of plain decoding is one-row matmuls over every weight matrix, so its speed is the rate
 those calls stream weights from memory. Kernel loop (the default): the fast path's matrices of
@@ -22,7 +23,8 @@ matmul alone over every matrix (random weights of the model's shapes, each pass 
 buffer larger than the caches, as a decoding step finds them after the previous step), and the
 whole forward of m new tokens behind a 120-token prefix (``FastTarget.forward``: native layers,
 the head over the whole vocabulary), all row counts interleaved in each round; medians, and the
-median per-round ratio to one row.
+median per-round ratio to one row. Per build of the kernels (--march: this CPU's, and haswell, the
+AVX2 build, whose tiles fit 16 vector registers: on an AVX-512 CPU both run), interleaved too.
 """
 
 from __future__ import annotations
@@ -125,9 +127,14 @@ def decode(fast: FastTarget, prompt: torch.Tensor, n: int, rounds: int, split_mb
         print(f"| {k} | {statistics.median(v):.1f} | {statistics.median([a / b for a, b in zip(v, base)]):.3f} |")
 
 
-def rows_loop(model, rows: list[int], rounds: int) -> None:
-    if not native.available():
-        sys.exit(f"--rows times the native kernels, which are not used here: {native.status()}")
+def rows_loop(model, rows: list[int], rounds: int, marches: list[str]) -> None:
+    builds = [m for m in marches if native.use(m)]
+    if not builds:
+        sys.exit(f"--rows times the native kernels, which are not built here: {native.status()}")
+    for m in marches:
+        native.use(m)
+        print(f"build -march={m}: {native.status()}; tiles {native.tiles()}")
+    native.use(builds[0])
     torch.manual_seed(0)
     fast = FastTarget(model, 160)
     fast.decoder.repack((NATIVE, ONEDNN))
@@ -145,26 +152,33 @@ def rows_loop(model, rows: list[int], rounds: int) -> None:
         ids, pos = torch.randint(0, model.config.vocab_size, (m,)), torch.arange(prefix, prefix + m)
         return lambda: fast.forward(ids, pos, prefix)
 
-    fns = {(kind, m): make(m) for kind, make in (("matmuls", matmuls), ("forward", forward)) for m in rows}
+    # every build's calls bind the kernels at call time: ``native.use`` switches them all
+    fns = {(b, kind, m): make(m) for b in builds for kind, make in (("matmuls", matmuls), ("forward", forward))
+           for m in rows}
     times = {k: [] for k in fns}
     with torch.inference_mode():
-        for f in fns.values():
+        for (b, _, _), f in fns.items():
+            native.use(b)
             f()
         for _ in range(rounds):
             for k, f in fns.items():
+                native.use(k[0])
                 evict.sum()
                 t0 = time.perf_counter()
                 f()
                 times[k].append(time.perf_counter() - t0)
-    print(f"native kernels, {torch.get_num_threads()} threads, medians of {rounds} interleaved rounds\n")
-    print("| rows | matmuls ms | x 1 row | forward ms | x 1 row |\n|---|---|---|---|---|")
-    for m in rows:
-        cells = []
-        for kind in ("matmuls", "forward"):
-            one, ts = times[kind, rows[0]], times[kind, m]
-            ratio = statistics.median([a / b for a, b in zip(ts, one)])
-            cells += [f"{1000 * statistics.median(ts):.2f}", f"{ratio:.2f}"]
-        print(f"| {m} | " + " | ".join(cells) + " |")
+    native.use()
+    print(f"\nnative kernels, {torch.get_num_threads()} threads, medians of {rounds} rounds, builds and row counts "
+          "interleaved in each\n")
+    print("| build | rows | matmuls ms | x 1 row | forward ms | x 1 row |\n|---|---|---|---|---|---|")
+    for b in builds:
+        for m in rows:
+            cells = []
+            for kind in ("matmuls", "forward"):
+                one, ts = times[b, kind, rows[0]], times[b, kind, m]
+                ratio = statistics.median([a / c for a, c in zip(ts, one)])
+                cells += [f"{1000 * statistics.median(ts):.2f}", f"{ratio:.2f}"]
+            print(f"| -march={b} | {m} | " + " | ".join(cells) + " |")
 
 
 def main():
@@ -177,6 +191,8 @@ def main():
     ap.add_argument("--split", type=float, default=2.0, help="--decode: MB under which a matrix is MKL-packed")
     ap.add_argument("--rows", default=None, help="comma-separated row counts (the first is the base, say 1): "
                     "the native matmul and forward at each instead of the kernel loop")
+    ap.add_argument("--march", default="native,haswell", help="--rows: comma-separated builds of the native "
+                    "kernels to time, interleaved (-march values: native is this CPU's; haswell is AVX2)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -187,7 +203,7 @@ def main():
         args.model = str(smollm2_dir())
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     if args.rows:
-        rows_loop(model, [int(v) for v in args.rows.split(",")], args.rounds)
+        rows_loop(model, [int(v) for v in args.rows.split(",")], args.rounds, args.march.split(","))
         return
     if not args.decode:
         kernel_loop(FastTarget(model, 16), args.rounds)

@@ -6,8 +6,8 @@ row, streams at about 0.8 of a plain ``sum()`` over the same matrices and sets u
 before each call (121 calls a SmolLM2 step); llama.cpp's own loops run at the bound
 (docs/benchmarks.md, "Plain decoding against llama.cpp"). This module compiles, once per CPU and
 source, a plain loop nest that reads each weight row once, for all of a verification's input rows
-(tiles of 8 weight rows against up to 3 inputs, their sums in registers), and calls it through
-ctypes on the tensors' memory.
+(tiles of weight rows against a few inputs, their sums in registers, shaped by the vector
+registers the build targets), and calls it through ctypes on the tensors' memory.
 
 The matmul (``Matrix``) is row-invariant by construction: every (weight row, input row) dot
 product is accumulated in the same order (one 16-lane sum over the 16-column blocks, a fixed
@@ -24,9 +24,11 @@ values (one thread: a few hundred keys), silu(gate) * up, and o_proj and down_pr
 the residual stream; its matmuls are ``Matrix``'s kernel. Its norms, exponentials and attention
 sums round differently from torch's (about 1e-6 relative), as any other kernel would.
 
-The kernel is built with the system's C compiler (``$CC``, else ``cc``/``gcc``/``clang``) and
-OpenMP, linked to the libgomp torch itself loaded where torch ships one (one thread pool, not
-two), into ``$EAGLE3_CACHE/native``. Without a compiler, or with ``EAGLE3_NATIVE=0``, nothing is
+The kernel is built with the system's C compiler (``$CC``, else ``cc``/``gcc``/``clang``) for this
+CPU (``-march=native``; ``$EAGLE3_NATIVE_MARCH`` or ``use(march)`` build for another, say haswell for
+AVX2, whose tiles fit 16 vector registers instead of AVX-512's 32) and OpenMP, linked to the
+libgomp torch itself loaded where torch ships one (one thread pool, not two), into
+``$EAGLE3_CACHE/native``. Without a compiler, or with ``EAGLE3_NATIVE=0``, nothing is
 built and the fast path keeps oneDNN/MKL: ``available()`` says which, ``status()`` why.
 """
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,12 +50,15 @@ MAX_ROWS = 16  # input rows it serves: beyond a verification's size a blocked GE
 
 # Contraction into fused multiply-adds is the compiler's default for C; pinned so that every build
 # of this source accumulates alike. No -ffast-math: it would let the compiler reorder the sums.
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fopenmp"]
+FLAGS = ["-O3", "-ffp-contract=fast", "-fPIC", "-shared", "-fopenmp"]
+MARCH_ENV = "EAGLE3_NATIVE_MARCH"  # the -march to build for (default: native, this CPU)
 
 _kernel = None  # the matmul
 _attend = None  # one-row attention
 _layer = None  # a whole one-row layer
+_tiles = None  # the matmul's tile shapes (``tiles()``)
 _status = "not built yet"
+_builds: dict[str, tuple] = {}  # march -> (matmul, attend, layer, tiles, status), each build loaded once
 
 
 def _compiler() -> str | None:
@@ -81,14 +87,26 @@ def _torch_gomp() -> Path | None:
     return found[0] if found else None
 
 
-def library_path(cc: str) -> Path:
+def default_march() -> str:
+    """The -march the kernels are built for: ``$EAGLE3_NATIVE_MARCH`` (say haswell, or x86-64-v3, to
+    run the AVX2 build on an AVX-512 CPU), else native."""
+    return os.environ.get(MARCH_ENV, "").strip() or "native"
+
+
+def _flags(march: str) -> list[str]:
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", march):
+        raise RuntimeError(f"{MARCH_ENV}={march!r} is not a -march value (say native, haswell or x86-64-v3)")
+    return [*FLAGS, f"-march={march}"]
+
+
+def library_path(cc: str, march: str = "native") -> Path:
     from ..core.realmodels import cache_root
 
-    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), cc, _cpu_id(), torch.__version__]).encode())
+    key = hashlib.sha256("\0".join([SOURCE, " ".join(_flags(march)), cc, _cpu_id(), torch.__version__]).encode())
     return cache_root() / "native" / f"kernels-{key.hexdigest()[:16]}.so"
 
 
-def _build(cc: str, out: Path):
+def _build(cc: str, out: Path, march: str = "native"):
     from ..core.io_utils import atomic_path
 
     src = out.with_name(f"{out.stem}.{os.getpid()}.c")  # one per builder: two processes may build at once
@@ -100,7 +118,8 @@ def _build(cc: str, out: Path):
         link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}"]
     try:
         with atomic_path(out) as tmp:
-            proc = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src), *link, "-lm"], capture_output=True, text=True)
+            proc = subprocess.run([cc, *_flags(march), "-o", str(tmp), str(src), *link, "-lm"], capture_output=True,
+                                  text=True)
             if proc.returncode != 0:
                 lines = (proc.stderr or proc.stdout).strip().splitlines()
                 raise RuntimeError(f"{cc} failed: {lines[-1] if lines else proc.returncode}")
@@ -138,33 +157,32 @@ def _self_test(library: Path):
 
 
 def reset():
-    """Forget the kernel and its status, so that the next call builds or loads it again."""
-    global _kernel, _attend, _layer, _status
-    _kernel, _attend, _layer, _status = None, None, None, "not built yet"
+    """Forget the kernels and their status, so that the next call builds or loads them again."""
+    global _kernel, _attend, _layer, _tiles, _status
+    _kernel, _attend, _layer, _tiles, _status = None, None, None, None, "not built yet"
+    _builds.clear()
 
 
-def kernel():
-    """The compiled matmul (a ctypes function), built on first use with the attention kernel beside
-    it; None where they cannot be."""
-    global _kernel, _attend, _layer, _status
-    if _kernel is not None or _status != "not built yet":
-        return _kernel
+def _load(march: str) -> tuple:
+    """(matmul, attend, layer, tiles, status) of the build for ``march``, built on first use; the
+    functions None where it cannot be."""
     if os.environ.get("EAGLE3_NATIVE", "1") == "0":
-        _status = "off (EAGLE3_NATIVE=0)"
-        return None
+        return None, None, None, None, "off (EAGLE3_NATIVE=0)"
+    try:
+        _flags(march)
+    except RuntimeError as e:
+        return None, None, None, None, f"not built: {e}"
     cc = _compiler()
     if cc is None:
-        _status = "no C compiler (set CC)"
-        return None
-    path = library_path(cc)
+        return None, None, None, None, "no C compiler (set CC)"
     try:
+        path = library_path(cc, march)
         if not path.exists():
-            _build(cc, path)
+            _build(cc, path, march)
         lib = ctypes.CDLL(str(path))
-        fn, attend, layer = lib.eagle3_gemv_f32, lib.eagle3_attend, lib.eagle3_layer
+        fn, attend, layer, shapes = lib.eagle3_gemv_f32, lib.eagle3_attend, lib.eagle3_layer, lib.eagle3_tiles
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
-        _status = f"not built: {e}"
-        return None
+        return None, None, None, None, f"not built: {e}"
     ptr, long = ctypes.c_void_p, ctypes.c_long
     fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
     attend.argtypes = ([ptr, long] + [ptr] * 4 + [long, long, ptr, long, long, long, ctypes.c_float, ptr, ptr]
@@ -172,9 +190,43 @@ def kernel():
     flt = ctypes.c_float
     layer.argtypes = ([ptr, long, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 4 + [long, long, ptr]
                       + [long] * 3 + [flt, ptr, ctypes.c_int])
-    fn.restype = attend.restype = layer.restype = None
-    _kernel, _attend, _layer, _status = fn, attend, layer, f"built with {cc} ({path.name})"
+    fn.restype = attend.restype = layer.restype = shapes.restype = None
+    out = (ctypes.c_long * 7)()
+    shapes(out)
+    lanes, block, inputs, *rows = list(out)
+    tiles = {"march": march, "lanes": lanes, "block_rows": block, "inputs": inputs,
+             "tile_rows": dict(zip(range(1, inputs + 1), rows))}
+    where = "" if march == "native" else f", -march={march}"
+    return fn, attend, layer, tiles, f"built with {cc} ({path.name}{where})"
+
+
+def use(march: str | None = None) -> bool:
+    """Make the build for ``march`` (None: ``default_march()``) the one every ``Matrix``, ``attend``
+    and ``NativeLayer`` calls, built or loaded once; whether it is available. Benchmarks and tests
+    switch between builds with it in one process (the builds' results differ only where the
+    compilers' instructions round differently)."""
+    global _kernel, _attend, _layer, _tiles, _status
+    march = march or default_march()
+    if march not in _builds:
+        _builds[march] = _load(march)
+    _kernel, _attend, _layer, _tiles, _status = _builds[march]
+    return _kernel is not None
+
+
+def kernel():
+    """The compiled matmul (a ctypes function), built on first use with the attention kernel beside
+    it; None where they cannot be."""
+    if _kernel is not None or _status != "not built yet":
+        return _kernel
+    use()
     return _kernel
+
+
+def tiles() -> dict | None:
+    """The matmul's tile shapes in the build in use: its vector lanes, the weight rows of one unit
+    of work, the inputs of one pass over them, and the weight rows of a tile per input count."""
+    kernel()
+    return _tiles
 
 
 def available() -> bool:

@@ -3,7 +3,8 @@
 One fp32 matmul for up to MAX_ROWS input rows (``eagle3_gemv_f32``), the attention of n query
 rows over one layer's KV cache with RoPE and the cache write (``eagle3_attend``), and a whole
 Llama-shaped decoder layer (``eagle3_layer``). GCC/Clang vector extensions, no intrinsics: the
-compiler targets the building CPU (-march=native). Each function's comment says how it keeps its
+compiler targets the building CPU (-march=native, or the one ``native`` is asked for), and the
+matmul's tile shapes follow that target's vector registers. Each function's comment says how it keeps its
 results independent of the row count and the threads, which is what makes a verification bitwise
 one-token decoding.
 """
@@ -14,17 +15,21 @@ SOURCE = r"""
 #include <string.h>
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));  /* loads at any float's address */
 typedef float v4 __attribute__((vector_size(16)));
 
 static inline v16 ld(const float* p) { return *(const v16*)p; }
+static inline v8 ld8(const float* p) { return *(const v8u*)p; }
 
 /* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
-static inline float reduce1(v16 s) {
-    v8 l, h; memcpy(&l, &s, 32); memcpy(&h, (const char*)&s + 32, 32);
-    v8 s8 = l + h;
+static inline float reduce8(v8 s8) {
     v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
     v4 s4 = l4 + h4;
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+static inline float reduce1(v16 s) {
+    v8 l, h; memcpy(&l, &s, 32); memcpy(&h, (const char*)&s + 32, 32);
+    return reduce8(l + h);
 }
 
 /* a . b over n floats (norms, attention): two 16-lane partial sums over alternating 16-element
@@ -42,39 +47,128 @@ static inline float dot(const float* a, const float* b, long n) {
 /* The matmul's tiles. Every (weight row, input row) product is accumulated in one 16-lane sum over
    the 16-column blocks in order, reduced in reduce1's order, then the leftover columns are added
    one by one with fmaf: the same sequence whichever tile computes it, so a row's result does not
-   depend on how many input rows come with it. A tile holds TR weight rows against up to TM input
-   rows (24 accumulators, within the 32 vector registers): the rows are read from memory once and
-   from L1 for the other inputs, and each input's vector is loaded once for TR rows. Fewer weight
-   rows a tile made extra inputs cost more than the memory stream they overlap; more inputs spill.
-   With several inputs (pf) each step also prefetches the next tile's rows at the same columns: the
-   memory keeps streaming while the extra inputs are multiplied (a 4-row SmolLM2 step's matmuls
-   1.05x one row's, against 1.20-1.28x without); one row needs no help from it. (The last tile's
-   prefetches point past the matrix: a prefetch never faults, and reads nothing it cannot.) */
-#define TR 8
-#define TM 3
-#define TILE(M)                                                                                      \
+   depend on how many input rows come with it (nor on the tile shapes below, which only decide
+   which sums are in registers at once: every build of this source gives the same bits where its
+   instructions round alike).
+
+   A tile holds R weight rows against M input rows, all R * M sums in registers: the rows are read
+   from memory once and from L1 for the other inputs, and each input's vector is loaded once for R
+   rows. The shapes are the register file's. AVX-512 (32 zmm, a 16-lane sum in one): 8 rows
+   against up to 3 inputs (24 sums), 4 rows against 4 (16). Narrower vectors (AVX2: 16 ymm, a
+   16-lane sum in two halves of 8 lanes, computed one half after the other, which adds the same
+   lanes in the same order): R * M * 2 halves + M inputs + 1 weight vector within 16, so 4 rows
+   against 1 input, 2 rows against 2 or 3, 1 row against 4; the AVX-512 shapes spilled there (3
+   rows cost 3.3x one on an AMD Zen 1). T_OR weight rows (a multiple of every R) are one unit of
+   work: a pass of T_M inputs streams them from memory, the later passes find them in L1/L2.
+   With several inputs (pf) each step also prefetches the rows T_OR further down at the same
+   columns: the memory keeps streaming while the extra inputs are multiplied (a 4-row SmolLM2
+   step's matmuls 1.02-1.08x one row's, against 1.20-1.33x without); one row needs no help from
+   it. The prefetch goes to L2 and beyond (prefetcht2): the non-temporal hint, as good on an AMD
+   EPYC, made 2 rows cost 2.4x one on an Intel Xeon. (The last tile's prefetches point past the
+   matrix: a prefetch never faults, and reads nothing it cannot.) Each shape can be overridden at
+   build time (-DEAGLE3_R1=.., -DEAGLE3_PF=..), for timing others. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef v16 vt;
+#define LDV ld
+#define T_OR 8
+#define T_M 4
+#define T_R1 8
+#define T_R2 8
+#define T_R3 8
+#define T_R4 4
+#else
+#define VL 8
+typedef v8 vt;
+#define LDV ld8
+#define T_OR 4
+#define T_M 4
+#define T_R1 4
+#define T_R2 2
+#define T_R3 2
+#define T_R4 1
+#endif
+#define NH (16 / VL)  /* vectors a 16-lane sum takes */
+#ifndef EAGLE3_PF
+#define EAGLE3_PF 1  /* the prefetches' locality: 1 is prefetcht2 on x86 */
+#endif
+#ifdef EAGLE3_OR
+#undef T_OR
+#define T_OR EAGLE3_OR
+#endif
+#ifdef EAGLE3_M
+#undef T_M
+#define T_M EAGLE3_M
+#endif
+#ifdef EAGLE3_R1
+#undef T_R1
+#define T_R1 EAGLE3_R1
+#endif
+#ifdef EAGLE3_R2
+#undef T_R2
+#define T_R2 EAGLE3_R2
+#endif
+#ifdef EAGLE3_R3
+#undef T_R3
+#define T_R3 EAGLE3_R3
+#endif
+#ifdef EAGLE3_R4
+#undef T_R4
+#define T_R4 EAGLE3_R4
+#endif
+#if T_M < 1 || T_M > 4 || T_OR % T_R1 || T_OR % T_R2 || T_OR % T_R3 || T_OR % T_R4
+#error "tiles: 1 to 4 inputs, and OR a multiple of every R"
+#endif
+
+static inline float reduce_parts(const vt* a) {
+#if NH == 1
+    return reduce1(a[0]);
+#else
+    return reduce8(a[0] + a[1]);
+#endif
+}
+
+/* R weight rows at w (row stride cols) against M inputs at x; out[j * T_OR + r] */
+#define TILE(R, M)                                                                                   \
 static inline __attribute__((always_inline)) void tile##M(const float* w, long cols, const float* x, \
                                                           float* out, int pf) {                      \
-    v16 z = {0}, acc[TR][M];                                                                         \
-    for (int r = 0; r < TR; r++) for (int j = 0; j < M; j++) acc[r][j] = z;                          \
+    vt z = {0}, acc[R][M][NH];                                                                       \
+    for (int r = 0; r < R; r++) for (int j = 0; j < M; j++) for (int h = 0; h < NH; h++) acc[r][j][h] = z; \
     long c = 0;                                                                                      \
     for (; c + 16 <= cols; c += 16) {                                                                \
-        v16 xv[M];                                                                                   \
-        for (int j = 0; j < M; j++) xv[j] = ld(x + j * cols + c);                                    \
-        if (pf) for (int r = 0; r < TR; r++) __builtin_prefetch(w + (TR + r) * cols + c, 0, 0);     \
-        for (int r = 0; r < TR; r++) {                                                               \
-            v16 wv = ld(w + r * cols + c);                                                           \
-            for (int j = 0; j < M; j++) acc[r][j] += wv * xv[j];                                     \
+        if (pf) for (int r = 0; r < R; r++) __builtin_prefetch(w + (T_OR + r) * cols + c, 0, EAGLE3_PF); \
+        for (int h = 0; h < NH; h++) {                                                               \
+            vt xv[M];                                                                                \
+            for (int j = 0; j < M; j++) xv[j] = LDV(x + j * cols + c + h * VL);                      \
+            for (int r = 0; r < R; r++) {                                                            \
+                vt wv = LDV(w + r * cols + c + h * VL);                                              \
+                for (int j = 0; j < M; j++) acc[r][j][h] += wv * xv[j];                              \
+            }                                                                                        \
         }                                                                                            \
     }                                                                                                \
-    for (int r = 0; r < TR; r++)                                                                     \
+    for (int r = 0; r < R; r++)                                                                      \
         for (int j = 0; j < M; j++) {                                                                \
-            float s = reduce1(acc[r][j]);                                                            \
+            float s = reduce_parts(acc[r][j]);                                                       \
             for (long t = c; t < cols; t++) s = fmaf(w[r * cols + t], x[j * cols + t], s);           \
-            out[j * TR + r] = s;                                                                     \
+            out[j * T_OR + r] = s;                                                                   \
         }                                                                                            \
 }
-TILE(1) TILE(2) TILE(3)
+TILE(T_R1, 1) TILE(T_R2, 2) TILE(T_R3, 3) TILE(T_R4, 4)
+
+/* M inputs against the T_OR rows at w, in tiles of R rows */
+#define RUN(R, M) for (int r = 0; r < T_OR; r += R) tile##M(w + r * cols, cols, xi, o + r, pf)
+static inline void tiles(const float* w, long cols, const float* xi, long n, float* o, int pf) {
+    if (n >= 4) RUN(T_R4, 4);
+    else if (n == 3) RUN(T_R3, 3);
+    else if (n == 2) RUN(T_R2, 2);
+    else RUN(T_R1, 1);
+}
+
+/* the tile shapes built: vector lanes, OR, inputs a pass, then the rows of a tile for 1..4 inputs */
+void eagle3_tiles(long* out) {
+    long v[] = {VL, T_OR, T_M, T_R1, T_R2, T_R3, T_R4};
+    memcpy(out, v, sizeof v);
+}
 
 /* one weight row against one input row, in the tiles' order (the rows after the last full tile) */
 static inline float dot_row(const float* w, const float* x, long cols) {
@@ -244,28 +338,25 @@ static inline float finish(float v, const float* bias, const float* add, long i,
     return add ? add[i * rows + r] + v : v;
 }
 
-/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: tiles of TR weight
-   rows split statically over the threads, each read once for all m input rows, TM inputs at a time */
+/* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: blocks of T_OR weight
+   rows split statically over the threads, each read once for all m input rows, T_M inputs at a time */
 void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long cols, long m,
                      const float* bias, const float* add, int threads) {
-    long tiles = rows / TR;
+    long blocks = rows / T_OR;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long ti = 0; ti < tiles; ti++) {
-        long r = ti * TR;
+    for (long bi = 0; bi < blocks; bi++) {
+        long r = bi * T_OR;
         for (long i = 0; i < m;) {
-            long n = m - i < TM ? m - i : TM;
-            float o[TM * TR];
-            const float *w = W + r * cols, *xi = x + i * cols;
-            if (n == 3) tile3(w, cols, xi, o, m > 1);
-            else if (n == 2) tile2(w, cols, xi, o, m > 1);
-            else tile1(w, cols, xi, o, m > 1);
+            long n = m - i < T_M ? m - i : T_M;
+            float o[4 * T_OR];
+            tiles(W + r * cols, cols, x + i * cols, n, o, m > 1);
             for (long j = 0; j < n; j++)
-                for (int k = 0; k < TR; k++)
-                    y[(i + j) * rows + r + k] = finish(o[j * TR + k], bias, add, i + j, rows, r + k);
+                for (int k = 0; k < T_OR; k++)
+                    y[(i + j) * rows + r + k] = finish(o[j * T_OR + k], bias, add, i + j, rows, r + k);
             i += n;
         }
     }
-    for (long r = tiles * TR; r < rows; r++)
+    for (long r = blocks * T_OR; r < rows; r++)
         for (long i = 0; i < m; i++)
             y[i * rows + r] = finish(dot_row(W + r * cols, x + i * cols, cols), bias, add, i, rows, r);
 }
