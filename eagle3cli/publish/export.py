@@ -148,6 +148,10 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = 
                dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write config.json + model.safetensors (atomically, file by file: a failed write leaves
     each file as it was). The weights get open()'s mode: a published draft is world-readable."""
+    if getattr(draft.config, "draft_type", "eagle3") == "dflash":
+        from .dflash_export import save_dflash
+
+        return save_dflash(draft, out_dir, metadata, dtype)
     out = ensure_dir(out_dir)
     tensors = exported_state_dict(draft, dtype)
     save_safetensors(tensors, out / WEIGHTS, metadata=weights_metadata(tensors))
@@ -248,6 +252,10 @@ def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = t
     ship one. ``dtype=None`` keeps the stored dtype (bit-exact round trips).
     """
     d = read_config(draft_dir)
+    from .dflash_export import is_dflash, load_dflash
+
+    if is_dflash(d):
+        return load_dflash(draft_dir, d, target, dtype, device)
     check_draft(d, None, draft_dir)  # before the config is used for anything
     cfg = draft_config_from_json(d)
     tensors = read_tensors(draft_dir)

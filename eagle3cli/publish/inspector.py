@@ -53,6 +53,11 @@ def inspect_draft(draft_dir: str | Path, target_config=None) -> InspectReport:
     cfg = _read_config(Path(draft_dir), rep)
     if cfg is None:
         return rep
+    from .dflash_export import dflash_problems, is_dflash
+
+    if is_dflash(cfg):
+        rep.problems, rep.summary = dflash_problems(draft_dir, cfg, target_config)
+        return rep
     broken = config_problems(cfg, required=False)  # wrong types or absurd values: nothing below can use them
     if broken:
         rep.problems += broken
