@@ -1,0 +1,375 @@
+"""eagle3's DFlash trainer against speculators' at equal data and steps, scored by one function.
+
+    bash benchmarks/setup_peers.sh                      # the peers' venv (~/venvs/peers, CPU torch)
+    python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --steps 40 --seeds 0
+
+The store must hold DFlash's streams (`eagle3 gen-data ... --draft-type dflash` or eagle3,dflash).
+Which peer: speculators 0.9.0 and SpecForge 0.2.0 both train DFlash on a CPU (an SDPA mask in place
+of flex attention). speculators is the one whose objective is comparable: it labels every drafted
+position with the target's argmax (``--loss-fn ce`` on the verifier's logits), as eagle3 does and
+as greedy verification accepts; SpecForge 0.2.0 labels them with the dataset's own tokens (its
+paper runs regenerate the answers with the target first), which a store of dataset answers does
+not match.
+
+Both tools train a DFlash draft of the store's target from the same data (eagle3's training
+split; its held-out split is left out of both), for the same optimizer steps of the same token
+budget (--tokens: eagle3's --max-tokens of padded tokens per step, speculators' packed
+sequence length), the same block size, draft layers, target streams (the store's columns for
+eagle3's DFlash layer ids, handed to speculators as its ``hidden_states``; its layer ids count
+layer inputs, i.e. the same numbers as ours, z-lab's count layer outputs, one less) and MASK id,
+one thread each. Everything else is each tool's own default:
+
+    eagle3       AdamW (betas 0.9/0.95) lr 1e-3, warm-up 2% then its schedule, clip 0.5; --num-anchors
+                 per conversation; CE on the target's argmax weighted exp(-(k-1)/gamma); init std 0.02;
+                 bf16 autocast where the CPU has native bf16 (its CPU default).
+    speculators  its CLI's DFlash defaults: Muon (2-D weights, lr = --lr, weight decay 0.1, RMS matched to
+                 AdamW) + AdamW (the rest, weight decay 0.01) at lr 1e-3, linear schedule with 1%
+                 warm-up, clip 1.0; 512 anchors per packed step; CE on the verifier's argmax with
+                 D-PACE position weights (alpha 0.5); HF init (the target's initializer_range);
+                 fp32 (its autocast names CUDA, which a CPU build turns off).
+
+One departure from speculators' defaults, so its draft is the DFlash every engine serves and
+converts to ours exactly: its CLI makes every draft layer a sliding-window layer that is causal
+inside the block (window 2048, longer than any sequence here); the public z-lab drafts, vLLM,
+SGLang and eagle3 attend bidirectionally inside the block, so it trains with
+``--full-attention-indices`` on every layer (``layer_types`` all full_attention). ``--peer-optimizer
+adamw`` runs speculators with the plain AdamW its TrainerConfig defaults to.
+
+Scoring: speculators' weights carry the same tensor names as ours (fc, hidden_norm, layers.i.*,
+norm; no embedding, the target's frozen LM head); they are loaded into eagle3's DFlashDraft and
+both drafts go through the same function: eagle3's Trainer built on the same store and split,
+``evaluate(draft)``, in fp32: per drafted position k, the share of held-out blocks whose token k
+equals the target's greedy token once tokens 1..k-1 did (acc_k, the chance greedy verification
+accepts token k given the ones before it), on the same anchors for both. The conversion is
+checked first: the peer's own forward and eagle3's on the same blocks of a training sample must
+give the same logits (max |diff| printed and required below 1e-3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
+EAGLE3 = str(Path(sys.executable).parent / "eagle3")
+DRAFT_FILE = "model.safetensors"
+FROZEN = ("embed_tokens.", "lm_head.", "verifier_lm_head.", "verifier_norm.", "t2d", "d2t")
+
+
+# ---------------------------------------------------------------- the peer's side (its venv)
+
+def run_speculators(a) -> dict:
+    """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
+    benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
+    import speculators.train.trainer as st
+    from safetensors.torch import load_file, save_file
+    from speculators.models.dflash import core as dcore
+    from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.train.cli import create_transformer_layer_config
+    from speculators.train.data import BaseDataset
+    from speculators.train.dataloader import _setup_dataloader
+
+    torch.accelerator.synchronize = lambda *x, **k: None  # stub 1: the step timer's synchronize
+    st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
+    split = Path(a.split)
+    flat = load_file(str(split / "train.safetensors"))
+    meta = json.loads((split / "meta.json").read_text())
+    n = meta["samples"]
+    samples = [{k: flat[f"{i}.{k}"] for k in ("input_ids", "loss_mask", "aux", "final")} for i in range(n)]
+
+    class StoreDataset(BaseDataset):
+        def _compute_approx_lengths(self):
+            return [int(s["input_ids"].numel()) for s in samples]
+
+        def _get_raw_data(self, i):
+            s = samples[i]
+            return {"hidden_states": s["aux"].float(), "input_ids": s["input_ids"].long(),
+                    "verifier_last_hidden_states": s["final"].float(), "loss_mask": s["loss_mask"].bool()}
+
+        def __len__(self):
+            return len(samples)
+
+    # its CLI's defaults (train/config/schema.py, train/cli.py) for --speculator-type dflash
+    tl = create_transformer_layer_config(meta["model"], num_layers=a.draft_layers, draft_arch="qwen3",
+                                         hidden_act="silu", sliding_window=2048,
+                                         full_attention_indices=list(range(a.draft_layers)))
+    model = DFlashDraftModel.from_training_args(
+        verifier_config=tl, draft_vocab_size=tl.vocab_size, block_size=a.block_size,
+        target_layer_ids=meta["layers"], verifier_name_or_path=meta["model"], mask_token_id=meta["mask_token_id"],
+        draft_attn_impl="sdpa", sample_from_anchor=False, sliding_window_non_causal=False)
+    model.verifier_norm = torch.nn.Identity()  # the store's final state is already normed
+    train_kw, _ = DFlashDraftModel.get_trainer_kwargs(
+        loss_fn="ce", loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=a.peer_anchors,
+        per_position_loss_weight="dpace", dpace_alpha=0.5)
+    ds = StoreDataset(max_len=a.tokens, hidden_states_dtype=torch.float32)
+    inner = _setup_dataloader(ds, total_seq_len=a.tokens, hidden_size=tl.hidden_size, num_workers=0,
+                              num_target_layers=len(meta["layers"]), preprocess=None, seed=a.seed)
+
+    class Counted:  # the loader, counting the real tokens of the packed batches it hands out
+        tokens = 0
+        batch_sampler = inner.batch_sampler
+
+        def __len__(self):
+            return len(inner)
+
+        def __iter__(self):
+            for batch in inner:
+                Counted.tokens += int((batch["document_ids"] != -1).sum())
+                yield batch
+
+    loader = Counted()
+    cfg = st.TrainerConfig(lr=a.lr, num_epochs=10 ** 6, save_path=str(Path(a.out) / "ckpt"), optimizer=a.peer_optimizer,
+                           weight_decay=0.01, muon_lr=a.lr, muon_weight_decay=0.1, scheduler_type="linear",
+                           train_call_kwargs=train_kw, hidden_states_dtype=torch.float32, log_freq=10 ** 9,
+                           max_steps=a.steps, scheduler_total_steps=a.steps)
+    trainer = st.Trainer(model, cfg, loader, None)
+    lrs: list[float] = []
+    trainer.optimizers[0].register_step_post_hook(lambda opt, *_: lrs.append(float(opt.param_groups[0]["lr"])))
+    t0, c0 = time.time(), time.process_time()
+    epoch = 0
+    while trainer.global_step < a.steps:
+        trainer.train_epoch(epoch)
+        epoch += 1
+    wall, cpu = time.time() - t0, time.process_time() - c0
+    out = Path(a.out)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if not k.startswith(FROZEN)}
+    save_file(state, str(out / DRAFT_FILE))
+    # the conversion check: the peer's own logits for fixed blocks of the first sample
+    s = samples[0]
+    t = int(s["input_ids"].numel())
+    anchors = torch.tensor([4, t // 3, t // 2, t - a.block_size - 1])
+    dcore.select_anchors = lambda loss_mask, num, block: (anchors, torch.ones_like(anchors, dtype=torch.bool))
+    model.eval()
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(
+            s["aux"].float()[None], s["input_ids"].long()[None], torch.ones(1, t, dtype=torch.long),
+            s["final"].float()[None], torch.zeros(1, t, dtype=torch.long), max_anchors=len(anchors))
+    torch.save({"anchors": anchors, "logits": logits[0].view(len(anchors), a.block_size, -1)[:, 1:].clone()},
+               out / "check.pt")
+    return {"steps": trainer.global_step, "tokens": loader.tokens, "wall_s": wall, "cpu_s": cpu, "lrs": lrs}
+
+
+def worker(a) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    res = run_speculators(a)
+    (Path(a.out) / "result.json").write_text(json.dumps(res))
+    print(json.dumps({k: v for k, v in res.items() if k != "lrs"}))
+
+
+# ---------------------------------------------------------------- our side (the project's venv)
+
+def nice_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "EAGLE3_THREADS": "1",
+            "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(HERE.parent)}
+
+
+def sh(cmd: list[str], log: Path) -> int:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        return subprocess.run(["nice", "-n", "5", *cmd], stdout=f, stderr=subprocess.STDOUT, env=nice_env()).returncode
+
+
+def scorer(args, work: Path, seed: int):
+    """eagle3's Trainer on the store at the benchmark's DFlash settings, set up but never run: its
+    ``evaluate`` scores any draft on the held-out split, and ``draft`` is the template a draft's
+    tensors are loaded into (the target's embedding and head already in place)."""
+    import shutil
+
+    from eagle3cli.config.train_config import TrainConfig
+    from eagle3cli.train.trainer import Trainer
+
+    out = work / "_score"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = TrainConfig(data=args.store, model=args.model, out=str(out), device="cpu", draft_type="dflash",
+                      block_size=args.block_size, draft_layers=args.draft_layers, num_anchors=args.num_anchors,
+                      max_tokens=args.tokens, max_length=args.max_length, val_fraction=args.val_fraction,
+                      seed=seed, mixed_precision="no")
+    t = Trainer(cfg, quiet=True)
+    t.setup()
+    return t
+
+
+def with_weights(template, path: Path):
+    """A copy of the template draft holding the trainable tensors of ``path`` (ours or the peer's:
+    the same names); the frozen embedding and head stay the target's."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    draft = copy.deepcopy(template).float()
+    state = {k: v.float() for k, v in load_file(str(path)).items() if not k.startswith(FROZEN)}
+    want = set(draft.trainable_state_dict())
+    if set(state) != want:
+        raise SystemExit(f"{path}: tensors {sorted(set(state) ^ want)} differ from the DFlash draft's")
+    draft.load_state_dict(state, strict=False)
+    return draft.eval()
+
+
+def export_split(t, out: Path, args) -> None:
+    """eagle3's training split of the store (its seed and held-out share), the DFlash streams only,
+    as one safetensors file the peer's venv reads without eagle3."""
+    from safetensors.torch import save_file
+
+    from eagle3cli.train.families import select_streams
+
+    hidden = int(t.draft.config.hidden_size)
+    flat = {}
+    for j, i in enumerate(t.train_idx):
+        s = t.store[i]
+        n = min(int(s["input_ids"].numel()), args.max_length)
+        flat.update({f"{j}.input_ids": s["input_ids"][:n].contiguous(),
+                     f"{j}.loss_mask": s["loss_mask"][:n].to(torch.uint8),
+                     f"{j}.aux": select_streams(s["aux"][:n], t.columns, hidden).contiguous(),
+                     f"{j}.final": s["final"][:n].contiguous()})
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(flat, str(out / "train.safetensors"))
+    (out / "meta.json").write_text(json.dumps({
+        "samples": len(t.train_idx), "model": args.model, "layers": list(t.layer_ids),
+        "mask_token_id": int(t.draft.config.mask_token_id), "val_samples": len(t.val_idx)}))
+
+
+def last_checkpoint(out: Path) -> Path | None:
+    steps = sorted((out / "checkpoints").glob("step-*"))
+    return steps[-1] / DRAFT_FILE if steps else None
+
+
+def train_ours(name: str, seed: int, args, work: Path, extra: list[str]) -> dict:
+    """`eagle3 train --draft-type dflash` at its defaults; the weights from its export, or from its
+    final checkpoint (written before the export) where the export is not there."""
+    out = work / name
+    log = work / f"{name}.log"
+    t0 = time.time()
+    rc = sh([EAGLE3, "train", "--store", args.store, "--model", args.model, "--out", str(out), "--draft-type", "dflash",
+             "--block-size", str(args.block_size), "--draft-layers", str(args.draft_layers),
+             "--max-tokens", str(args.tokens), "--max-steps", str(args.steps), "--epochs", "100000",
+             "--val-fraction", str(args.val_fraction), "--seed", str(seed), "--max-length", str(args.max_length),
+             "--log-every", "1", "--save-every", "100000", "--eval-every", "0", *extra], log)
+    recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "tokens_per_s" in r]
+    weights = out / DRAFT_FILE if (out / DRAFT_FILE).exists() else last_checkpoint(out)
+    if not steps or weights is None or steps[-1]["step"] != args.steps:
+        raise SystemExit(f"eagle3 train did not reach step {args.steps} (rc {rc}): see {log}")
+    return {"weights": str(weights), "rc": rc, "steps": steps[-1]["step"], "tokens": sum(r["tokens"] for r in steps),
+            "cpu_s": sum(r["cpu_s"] for r in steps), "wall_s": sum(r["tokens"] / r["tokens_per_s"] for r in steps),
+            "process_wall_s": time.time() - t0, "lrs": [r["lr"] for r in steps]}
+
+
+def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, optimizer: str) -> dict:
+    out = work / name
+    log = work / f"{name}.log"
+    t0 = time.time()
+    rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--split", str(split), "--out", str(out),
+             "--lr", str(lr), "--steps", str(args.steps), "--tokens", str(args.tokens), "--block-size",
+             str(args.block_size), "--draft-layers", str(args.draft_layers), "--peer-anchors", str(args.peer_anchors),
+             "--peer-optimizer", optimizer, "--seed", str(seed)], log)
+    if rc:
+        raise SystemExit(f"speculators' run failed (rc {rc}): see {log}")
+    res = json.loads((out / "result.json").read_text())
+    return {"weights": str(out / DRAFT_FILE), "process_wall_s": time.time() - t0, **res}
+
+
+def check_conversion(t, name: str, work: Path, draft) -> float:
+    """The peer's logits for fixed blocks of the first training sample against eagle3's forward of
+    the converted draft on the same blocks: max |diff|."""
+    from eagle3cli.train.families import select_streams
+
+    chk = torch.load(work / name / "check.pt")
+    s = t.store[t.train_idx[0]]
+    n = min(int(s["input_ids"].numel()), t.crop)
+    aux = select_streams(s["aux"][:n].float(), t.columns, int(draft.config.hidden_size))
+    with torch.no_grad():
+        ours = draft(aux[None], s["input_ids"][:n].long()[None], chk["anchors"][None])[0, :, 1:]
+    return float((ours - chk["logits"]).abs().max())
+
+
+def score(t, draft) -> dict:
+    res = t.evaluate(draft)
+    return {"acc": [float(x) for x in res["acc"]], "tau_sim": float(res["tau_sim"]), "blocks": res["positions"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", help="eagle3 feature store holding DFlash's streams")
+    ap.add_argument("--model", default=str(SMOLLM2))
+    ap.add_argument("--work", default="runs/peer_dflash")
+    ap.add_argument("--peers-python", default=str(Path("~/venvs/peers/bin/python").expanduser()))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=1024, help="token budget of one optimizer step")
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--num-anchors", type=int, default=64, help="eagle3's blocks per conversation (its default)")
+    ap.add_argument("--peer-anchors", type=int, default=512, help="speculators' blocks per packed step (its default)")
+    ap.add_argument("--peer-optimizer", default="muon", help="muon (its CLI's default) or adamw")
+    ap.add_argument("--lr", type=float, default=1e-3, help="both tools' default")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--val-fraction", type=float, default=0.1)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--runs", default="eagle3,speculators",
+                    help="comma-separated: eagle3, speculators, speculators_adamw, eagle3_a256 "
+                         "(eagle3 at --num-anchors 256: as many blocks per step as the peer)")
+    # the peer's side
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--split", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    torch.set_num_threads(1)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        # the split follows the seed (eagle3's split_indices): each seed's runs train and score on its own
+        t = scorer(args, work, seed)
+        split = work / f"split_s{seed}"
+        if not (split / "meta.json").exists():
+            export_split(t, split, args)
+        for run in args.runs.split(","):
+            name = f"{run}_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}"
+            res_file = work / f"{name}.json"
+            if res_file.exists():
+                res = json.loads(res_file.read_text())
+            else:
+                if run.startswith("eagle3"):
+                    extra = ["--num-anchors", "256"] if run == "eagle3_a256" else []
+                    res = train_ours(name, seed, args, work, extra)
+                else:
+                    opt = "adamw" if run == "speculators_adamw" else args.peer_optimizer
+                    res = train_peer(name, seed, args, work, split, args.lr, opt)
+                draft = with_weights(t.draft, Path(res["weights"]))
+                if not run.startswith("eagle3"):
+                    res["conversion_max_abs_diff"] = check_conversion(t, name, work, draft)
+                    if res["conversion_max_abs_diff"] > 1e-3:
+                        raise SystemExit(f"{name}: the converted draft's logits differ from the peer's by "
+                                         f"{res['conversion_max_abs_diff']:.3g}")
+                res.update(score(t, draft))
+                res_file.write_text(json.dumps(res))
+            res["val_conversations"] = len(t.val_idx)
+            rows.append((run, seed, res))
+            print(f"{name}: acc {[round(x, 4) for x in res['acc']]}, tau_sim {res['tau_sim']:.3f}, "
+                  f"cpu {res['cpu_s']:.0f} s", flush=True)
+    k = args.block_size - 1
+    print(f"\n{args.steps} steps x {args.tokens} tokens, block {args.block_size}, {args.draft_layers} draft layer(s), "
+          f"streams {list(t.layer_ids)}, MASK {t.draft.config.mask_token_id}, one thread; held-out: "
+          f"{rows[0][2]['val_conversations']} conversations, {rows[0][2]['blocks']} blocks\n")
+    print("| tool | seed | train CPU-s | " + " | ".join(f"acc_{i}" for i in range(1, k + 1)) + " | tau_sim |")
+    print("|---|---|---|" + "---|" * k + "---|")
+    for run, seed, res in rows:
+        print(f"| {run} | {seed} | {res['cpu_s']:.0f} | " + " | ".join(f"{x:.3f}" for x in res["acc"])
+              + f" | {res['tau_sim']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
