@@ -16,12 +16,12 @@ def layers(
     revision: Optional[str] = Revision,
     trust_remote_code: bool = TrustRemoteCode,
 ):
-    """Print the target's layer count and the three streams EAGLE-3 captures."""
+    """Print the target's layer count, the three streams EAGLE-3 captures and DFlash's spaced ones."""
     from rich.console import Console
 
     from ..config.options import parse_layer_ids
     from ..core.hf_utils import text_config
-    from ..model.layers import choose_layers, default_layer_ids
+    from ..model.layers import choose_layers, default_layer_ids, dflash_output_layer_ids
     from ..model.target import TargetSpec, load_config
 
     # A bad target (TargetError) or --layers (OptionError) is one line at the CLI boundary.
@@ -40,5 +40,12 @@ def layers(
     out.print(f"layers j-1       {', '.join(map(str, choice.output_ids))}   "
               "(output of layer j-1; SGLang, reference EAGLE)")
     out.print(f"engines' default {', '.join(map(str, default_layer_ids(choice.n_layers)))}")
+    try:
+        dflash = dflash_output_layer_ids(choice.n_layers)
+    except ValueError:  # too few layers for z-lab's five streams
+        dflash = None
+    if dflash:
+        out.print(f"dflash k         {', '.join(map(str, dflash))}   (output of layer k; dflash_config)")
+        out.print(f"dflash j         {', '.join(str(k + 1) for k in dflash)}   (hidden_states[j]; gen-data)")
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}", highlight=False)

@@ -25,3 +25,11 @@ def test_version():
 
 def test_cli_reference_is_current():
     assert DOCS.read_text() == render(), "docs/cli.md is stale: python -m eagle3cli.cli_docs > docs/cli.md"
+
+
+def test_layers_shows_both_families_streams(smol_tiny_dir):
+    r = CliRunner().invoke(app, ["layers", "-m", str(smol_tiny_dir)])
+    assert r.exit_code == 0, r.output
+    lines = {line.split()[0] + " " + line.split()[1]: line for line in r.output.splitlines() if line.strip()}
+    assert "layers j         2, 4, 5 " in lines["layers j"]  # EAGLE-3 on 8 layers
+    assert "1, 2, 3, 4, 5 " in lines["dflash k"] and "2, 3, 4, 5, 6 " in lines["dflash j"]
