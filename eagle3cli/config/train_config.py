@@ -118,13 +118,15 @@ class TrainConfig(TargetOptions):
                                    "training-time test) or dflash (a block of tokens drafted in one non-causal "
                                    "forward of a small stack that reads the target's streams). eval, inspect, "
                                    "convert and push read it from the draft's config.json.", choices=DRAFT_TYPES)
-    block_size: int = _f(8, "dflash: tokens in a block, the anchor and block-size - 1 drafted ones (vLLM's "
-                            "num_speculative_tokens is block-size - 1, SGLang's draft tokens block-size).")
+    block_size: int = _f(4, "dflash: tokens in a block, the anchor and block-size - 1 drafted ones (vLLM's "
+                            "num_speculative_tokens is block-size - 1, SGLang's draft tokens block-size). 4: "
+                            "the most held-out acceptance at a few CPU-minutes (docs/benchmarks.md); the public "
+                            "GPU-trained drafts use 16.")
     draft_layers: int = _f(1, "dflash: decoder layers of the draft.")
     num_anchors: int = _f(64, "dflash: blocks trained per conversation in a step, anchored at random positions "
                               "whose next token the loss scores.")
     loss_gamma: float = _f(0.0, "dflash: drafted position k weighs exp(-(k-1)/gamma) in the loss (0: 7 for blocks "
-                                "of 16, 4 for blocks of 8).")
+                                "of 16, 4 for 8, else half the block less one, at least 1).")
     mask_token_id: int = _f(-1, "dflash: the token id whose embedding fills the block after the anchor; a real "
                                 "row of the target's embedding, never eos or pad (-1: the first spare row, else "
                                 "the last id that is no special token).")
