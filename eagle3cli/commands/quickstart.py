@@ -67,6 +67,7 @@ def quickstart(
     table.add_row("speculative decoding", f"{tps['speculative']:.1f} tok/s" if tps.get("speculative") else "-")
     table.add_row("speedup", f"{task['speedup']:.2f}x" if task["speedup"] else "-")
     table.add_row("lossless (greedy-identical)", "yes" if task["lossless"] else "NO")
+    table.add_row("eval prompts", eval_prompts_cell(res.results, opts.eval_prompts))
     table.add_row("draft folder", str(res.draft))
     table.add_row("Hub-ready folder", str(res.hub_folder))
     table.add_row("wall time", " + ".join(f"{k} {v:.0f}s" for k, v in res.seconds.items()))
@@ -77,6 +78,17 @@ def quickstart(
     out.print(table)
     out.print(f"serve with SGLang:\n  {sglang_command(res.model, str(res.draft))}\n"
               f"serve with vLLM:\n  {vllm_command(res.model, str(res.draft))}", highlight=False, soft_wrap=True)
+
+
+def eval_prompts_cell(results: dict, planned: int | None) -> str:
+    """How many mt_bench prompts the table measured and, when fewer than planned, why."""
+    done = results["tasks"]["mt_bench"]["num_prompts"]
+    if not planned or done >= planned:
+        return str(done)
+    limit = results.get("time_limit")
+    why = (f": the eval's time limit ({limit['minutes']:.1f} min) came first, the machine ran slower than "
+           "measured" if limit else "")
+    return f"{done} of {planned} planned{why}"
 
 
 def plain_decoding(tps: dict) -> str:

@@ -114,8 +114,15 @@ def regen_pays(m: Measurements) -> bool:
 
 
 def eval_seconds(m: Measurements, f: PlanFlags, prompts: int) -> float:
-    """Plain decoding twice (HF generate and the fast path) and speculative decoding, per token."""
-    return SETUP_S["eval"] + prompts * EVAL_TURNS * f.eval_tokens * 3 * m.decode_token_s
+    """Plain decoding twice (HF generate and the fast path) and speculative decoding, per token: the
+    HF step as timed, the fast path's one-row step and a cycle of the planned depth from the measured
+    verification (a cycle yields the tokens a quickstart draft's chain accepts), else the HF step."""
+    per_token = 3 * m.decode_token_s
+    depth = f.ttt_steps or m.step_ttt
+    if m.verify_s.get(1) and m.verify_s.get(depth + 1):
+        cycle = m.verify_s[depth + 1] + depth * DRAFT_STEP_SHARE * m.verify_s[1]
+        per_token = m.decode_token_s + m.verify_s[1] + cycle / sum(QUICKSTART_ACC ** k for k in range(depth + 1))
+    return SETUP_S["eval"] + prompts * EVAL_TURNS * f.eval_tokens * per_token
 
 
 def _val(f: PlanFlags, conversations: int) -> int:

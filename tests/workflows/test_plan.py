@@ -163,3 +163,22 @@ def test_measurements_survive_plan_json():
     m = dataclasses.replace(FAST, verify_s=FLAT_ROWS)
     back = Measurements(**json.loads(json.dumps(dataclasses.asdict(m))))
     assert back == m and back.verify_s[2] == 0.031
+
+
+def test_eval_is_planned_from_the_measured_fast_path():
+    from eagle3cli.workflows.plan import eval_seconds
+
+    hf_only = eval_seconds(FAST, PlanFlags(), 4)
+    fast = dataclasses.replace(FAST, verify_s={1: 0.02, 2: 0.03, 3: 0.032, 4: 0.033})
+    timed = eval_seconds(fast, PlanFlags(ttt_steps=1), 4)
+    tokens = 4 * 2 * 64
+    per_token = 0.06 + 0.02 + (0.03 + 0.07 * 0.02) / 1.25  # HF step, fast step, a depth-1 cycle over its tokens
+    assert timed == pytest.approx(45 + tokens * per_token) and timed < hf_only
+
+
+def test_the_quickstart_table_says_when_eval_measured_fewer_prompts_than_planned():
+    from eagle3cli.commands.quickstart import eval_prompts_cell
+
+    res = {"tasks": {"mt_bench": {"num_prompts": 2}}, "time_limit": {"minutes": 1.5, "prompts": {"mt_bench": [2, 8]}}}
+    assert eval_prompts_cell(res, 4).startswith("2 of 4 planned: the eval's time limit (1.5 min) came first")
+    assert eval_prompts_cell({"tasks": {"mt_bench": {"num_prompts": 6}}}, 4) == "6"
