@@ -1,7 +1,8 @@
 """Plain decoding, ours against llama.cpp's: same model, same dtype, interleaved, against the bound.
 
     PYTHONPATH=. python benchmarks/plain_vs_llamacpp.py --model $SMOL --llama-cpp LLAMA_CPP \
-        [--dtype float32,bfloat16] [--threads 2] [-n 64] [--rounds 7] [--ours native,onednn,mkl1,none] [--json out.json]
+        [--dtype float32,bfloat16] [--threads 2] [-n 64] [--rounds 7] [--ours native,native@haswell,onednn,mkl1,none] \
+        [--json out.json]
 
 A CPU user decodes with llama.cpp, so our plain decoding (the fast path's one-row forward, what
 a speculative cycle's verification is built from and what eval's ``baseline_fast`` runs) is read
@@ -10,7 +11,8 @@ eagle3 cache by llama.cpp's converter, or --target-gguf-DTYPE) decodes -n tokens
 chat prompt (``ignore_eos``; its own ``timings.predicted_ms``), and our fast path decodes -n tokens
 after the same prompt ids (its prompt pass untimed), each of our packings (``--ours``: our compiled
 kernels, ``native``: each layer one call; oneDNN's prepacked linear, MKL packed for one row,
-unpacked F.linear, each with torch's ops around them) and llama.cpp in turn, --rounds
+unpacked F.linear, each with torch's ops around them; ``native@haswell``: our kernels built for
+AVX2, which an AVX-512 CPU runs too) and llama.cpp in turn, --rounds
 times: a shared machine's load drifts between rounds and hits every contender alike. Medians
 and the ratio to llama.cpp's median, per round too (the firm number on a busy machine).
 
@@ -33,12 +35,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eagle3cli.decode import native  # noqa: E402
 from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
 from eagle3cli.decode.generator import row_argmax  # noqa: E402
 from eagle3cli.evaluate.llamacpp import SERVER, Server, find_binary  # noqa: E402
 from eagle3cli.evaluate.llamacpp_baseline import OUTTYPES, cached_target_gguf  # noqa: E402
 
 PACKINGS = {"native": (NATIVE, ONEDNN), "onednn": (ONEDNN,), "mkl1": (1,), "none": ()}
+
+
+def pack(fast: FastTarget, name: str) -> None:
+    """Pack ``fast`` as ``name`` says: a PACKINGS key, "native@MARCH" the native kernels built for
+    another -march (native@haswell: the AVX2 build, on an AVX-512 CPU too)."""
+    key, _, march = name.partition("@")
+    native.use(march or None)
+    fast.decoder.repack(PACKINGS[key])
 
 
 def cpu_line() -> str:
@@ -121,7 +132,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--ours", default="native,onednn,mkl1,none", help=f"comma list of {', '.join(PACKINGS)}")
+    ap.add_argument("--ours", default="native,onednn,mkl1,none", help=f"comma list of {', '.join(PACKINGS)}, "
+                    "and native@MARCH (the native kernels built for -march=MARCH, say native@haswell)")
     for dt in OUTTYPES:
         ap.add_argument(f"--target-gguf-{dt}", default=None, help=f"the target's {dt} GGUF (default: converted)")
     ap.add_argument("--json", default=None)
@@ -148,12 +160,12 @@ def main():
         with Server(binary, gguf, threads=args.threads, ctx=len(prompt) + args.n + 64) as server:
             llama_tps(server, prompt, 8)  # warm
             for o in ours:
-                fast.decoder.repack(PACKINGS[o])
+                pack(fast, o)
                 ours_tps(fast, torch.tensor(prompt), 4)
             for r in range(args.rounds):
                 times["llama.cpp"].append(llama_tps(server, prompt, args.n))
                 for o in ours:
-                    fast.decoder.repack(PACKINGS[o])
+                    pack(fast, o)
                     ours_tps(fast, torch.tensor(prompt), 2)  # the first calls after packing page-fault
                     times[f"ours/{o}"].append(ours_tps(fast, torch.tensor(prompt), args.n))
                 print(f"{dt} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in times.items()), flush=True)

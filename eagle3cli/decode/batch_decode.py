@@ -14,6 +14,13 @@ Per slot the computation is the model's own: same weights and formulas as ``fast
 (HF's RoPE tables, RMSNorm in fp32); K/V at a position depend only on the tokens before it,
 which is why keeping a common prefix is exact. The schedule depends only on the inputs and
 the settings, so the answers are a pure function of them (resume stays byte-identical).
+
+In fp32 on a CPU with the native kernels built (``decode.native``; Llama-shaped layers), a decode
+step runs each layer as one compiled call over the busy slots' rows, up to the kernels' 16 rows a
+call: the weights are read once for all of them, each row attends to its own slot's cache, and
+every row is computed bitwise as it would be alone. Prefills take the same kernels whatever the
+slot count. So regeneration with any number of slots is token for token what decoding the
+conversations one at a time (one slot) gives, near-ties included, at several times its rate.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .attention import kind_masks, layout
-from .fast_target import ONEDNN, SUPPORTED_TYPES, Decoder, _rms_norm
+from .fast_target import NATIVE, ONEDNN, SUPPORTED_TYPES, Decoder, _rms_norm
 
 
 class SlotTarget:
@@ -38,13 +46,27 @@ class SlotTarget:
         # next packed size): the batch thins out once no conversation is left to start. bf16:
         # oneDNN's prepacked linear, one copy for every row count (unpacked, a bf16 matmul reorders
         # its weight on every call). Keys a dtype cannot pack are skipped.
-        rows = (ONEDNN,) if (dtype or model.dtype) == torch.bfloat16 else tuple(sorted({slots, max(2, slots // 2)}))
+        # fp32 with the native kernels built: those (see the module's docstring), oneDNN for prefills
+        # of more rows than they serve, whatever the slot count.
+        compute = dtype or model.dtype
+        native_ok = compute == torch.float32 and next(model.parameters()).device.type == "cpu" and native.available()
+        rows = ((NATIVE, ONEDNN) if native_ok else (ONEDNN,) if compute == torch.bfloat16
+                else tuple(sorted({slots, max(2, slots // 2)})))
         d = Decoder(model, rows, purpose="continuous batching", dtype=dtype, families=SUPPORTED_TYPES)
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head
         self.slots = slots
         self.layout = layout(model.config)  # each layer's window or chunk, applied in its mask
+        plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
+        self.native = None  # native.NativeLayers, where decode steps run through them
+        if native_ok and plain and not self.layout.windowed and d.embed_mult is None and d.embed_scale is None:
+            try:
+                self.native = [native.NativeLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
+            except ValueError:  # a weight the kernels do not take: the torch ops below
+                self.native = None
+        if native_ok and self.native is None:  # the MKL packing the torch ops run fastest with
+            d.repack(tuple(sorted({slots, max(2, slots // 2)})))
         self._rope = apply_rotary_pos_emb
         self.max_len = 0
         self.k = self.v = None
@@ -57,6 +79,9 @@ class SlotTarget:
         max_len = max(max_len, self.max_len * 3 // 2)  # grow geometrically: decode asks one more each step
         dev, dtype = self.embed.device, self.embed.dtype
         self.cos, self.sin = self.decoder.rope(max_len)[None]  # [max_len, head_dim]
+        half = self.head_dim // 2  # the native kernels' table: sin with its first half negated
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], -1).contiguous()
+        self.cos = self.cos.contiguous()
         shape = (len(self.layers), self.slots, self.n_kv, max_len, self.head_dim)
         k, v = torch.zeros(shape, device=dev, dtype=dtype), torch.zeros(shape, device=dev, dtype=dtype)
         if self.k is not None:
@@ -103,6 +128,8 @@ class SlotTarget:
         m = tokens.shape[0]
         span = int(lengths.max()) + 1
         self.grow(span)
+        if self.native is not None:
+            return self._native_decode(tokens, lengths)
         rows = torch.arange(m, device=tokens.device)
         x = self.embed[tokens]
         # [m, span]: slot r sees its own positions 0..lengths[r] (the new token included), narrowed
@@ -121,6 +148,23 @@ class SlotTarget:
                                                self.v[j, :m, :, :span], attn_mask=mask, scale=layer.scaling)
             x = self._mlp(layer, x, o.reshape(m, -1))
         return self.head(_rms_norm(x, self.norm, self.norm_eps))
+
+    def _native_decode(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``decode`` through the native layers, in calls of up to their MAX_ROWS rows (as even as
+        can be: 20 busy slots are two calls of 10), each row bitwise what it would be alone."""
+        m = tokens.shape[0]
+        calls = -(-m // native.MAX_ROWS)
+        positions = lengths.to(torch.int64).contiguous()
+        out = []
+        for c in range(calls):
+            a, b = c * m // calls, (c + 1) * m // calls
+            x = self.embed[tokens[a:b]].contiguous()
+            pos = positions[a:b]
+            scratch = torch.empty(self.native[0].scratch(b - a, int(pos.max())), dtype=torch.float32)
+            for j, layer in enumerate(self.native):
+                layer.slots(x, pos, self.cos, self.sin_signed, self.k[j, a:], self.v[j, a:], scratch)
+            out.append(self.head(_rms_norm(x, self.norm, self.norm_eps)))
+        return out[0] if calls == 1 else torch.cat(out)
 
     @staticmethod
     def _mlp(layer, x, attn_out):

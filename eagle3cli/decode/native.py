@@ -185,10 +185,10 @@ def _load(march: str) -> tuple:
         return None, None, None, None, f"not built: {e}"
     ptr, long = ctypes.c_void_p, ctypes.c_long
     fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
-    attend.argtypes = ([ptr, long] + [ptr] * 4 + [long, long, ptr, long, long, long, ctypes.c_float, ptr, ptr]
-                       + [ctypes.c_int])
+    attend.argtypes = ([ptr, long] + [ptr] * 5 + [long, long, long, ptr, long, long, long, ctypes.c_float, ptr,
+                                                  ptr, ctypes.c_int])
     flt = ctypes.c_float
-    layer.argtypes = ([ptr, long, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 4 + [long, long, ptr]
+    layer.argtypes = ([ptr, long, long, ptr, ptr, flt] + [ptr] * 5 + [long] + [ptr] * 5 + [long, long, long, ptr]
                       + [long] * 3 + [flt, ptr, ctypes.c_int])
     fn.restype = attend.restype = layer.restype = shapes.restype = None
     out = (ctypes.c_long * 7)()
@@ -314,8 +314,9 @@ def attend(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: t
     scores = torch.empty(threads * (past + n), dtype=torch.float32)
     if _attend is None:
         kernel()  # after a reset(): load it again
-    _attend(qkv.data_ptr(), n, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), slots, past,
-            _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale, out.data_ptr(), scores.data_ptr(), threads)
+    _attend(qkv.data_ptr(), n, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(),
+            kv.data_ptr() + 4 * kv.stride(0), 0, slots, past, _mask_ptr(mask, n, past + n), n_heads, nkv, hd, scale,
+            out.data_ptr(), scores.data_ptr(), threads)
     return out
 
 
@@ -353,5 +354,24 @@ class NativeLayer:
         if _layer is None:
             kernel()  # after a reset(): load it again
         _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
-               positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.shape[2], past,
-               _mask_ptr(mask, n, past + n), nh, nkv, hd, self.scale, scratch.data_ptr(), torch.get_num_threads())
+               positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.data_ptr() + 4 * kv.stride(0),
+               0, kv.shape[2], past, _mask_ptr(mask, n, past + n), nh, nkv, hd, self.scale, scratch.data_ptr(),
+               torch.get_num_threads())
+
+    def slots(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, scratch: torch.Tensor):
+        """n independent sequences, one row each (continuous batching): x [n, H] fp32 contiguous,
+        updated in place; row i at position ``positions[i]`` (int64 contiguous) of its own cache,
+        ``k[i]`` and ``v[i]`` ([slots >= n, nkv, P, hd] contiguous, this layer's), written there and
+        attending its slots 0..positions[i]. Row i gets bitwise what a one-row step of that sequence
+        alone gets (``__call__`` with past = positions[i]); scratch: ``scratch(n, max position)``."""
+        ln1, ln2, wqkv, bqkv, wo, wgu, wd = self.ptrs
+        nh, nkv, hd = self.shape
+        n = x.shape[0]
+        if k.shape != v.shape or k.shape[0] < n or not (k.is_contiguous() and v.is_contiguous()):
+            raise ValueError(f"native layer: caches {tuple(k.shape)} and {tuple(v.shape)} for {n} rows")
+        if _layer is None:
+            kernel()
+        _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
+               positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0),
+               k.shape[2], 0, None, nh, nkv, hd, self.scale, scratch.data_ptr(), torch.get_num_threads())

@@ -297,35 +297,44 @@ static inline void head_scalar(const float* q, const float* K, const float* V, c
     }
 }
 
-/* n query rows over one layer's cache kv [2, nkv, P, hd] (keys, then values), the rows at slots
-   past..past+n-1: rotate q and k of each row of qkv [n, q heads | k heads | v heads] in place at
-   its position pos[i] (cos, sin: tables [positions, hd]), write its k and v at slot past + i, and
-   out[i] = softmax(q K^T * scale) V per query head (its KV group's keys) over the slots row i may
-   attend: mask[i * (past + n) + t] != 0, or (mask NULL) every slot up to past + i.
-   scores: scratch of threads * (past + n) floats. The (row, head) pairs are split over the threads
-   once there is enough work to pay for waking them (a verification's rows over a long cache: one
-   thread took about 2 ms of a SmolLM2 4-row step); each pair is computed alike on any thread. */
-void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const float* sin, float* kv, long P,
-                   long past, const unsigned char* mask, long nh, long nkv, long hd, float scale, float* out,
-                   float* scores, int threads) {
+/* n query rows over one layer's cache: rotate q and k of each row of qkv [n, q heads | k heads |
+   v heads] in place at its position pos[i] (cos, sin: tables [positions, hd]), write its k and v
+   into the cache, and out[i] = softmax(q K^T * scale) V per query head (its KV group's keys) over
+   the slots row i may attend. One sequence (stride 0): keys k [nkv, P, hd] and values v alike,
+   row i at slot past + i, attending mask[i * (past + n) + t] != 0 or (mask NULL) every slot up to
+   past + i. Independent sequences (stride > 0, continuous batching): row i's own cache at
+   k + i * stride and v + i * stride, its k and v at slot pos[i], attending slots 0..pos[i] (mask
+   NULL). A row computes alike either way, so one sequence decoded alone and beside others gives
+   the same bits. scores: scratch of threads * (past + n) floats (stride > 0: threads * (max pos
+   + 1)). The (row, head) pairs are split over the threads once there is enough work to pay for
+   waking them (a verification's rows over a long cache: one thread took about 2 ms of a SmolLM2
+   4-row step); each pair is computed alike on any thread. */
+void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const float* sin, float* k, float* v,
+                   long stride, long P, long past, const unsigned char* mask, long nh, long nkv, long hd,
+                   float scale, float* out, float* scores, int threads) {
     long nq = (nh + 2 * nkv) * hd, len = past + n, group = nh / nkv;
-    float *kc = kv, *vc = kv + nkv * P * hd;
+    if (stride) {
+        len = 0;
+        for (long i = 0; i < n; i++) len = pos[i] + 1 > len ? pos[i] + 1 : len;
+    }
     for (long i = 0; i < n; i++) {
         float* row = qkv + i * nq;
+        float *kc = k + i * stride, *vc = v + i * stride;
+        long at = stride ? pos[i] : past + i;
         rope(row, cos + pos[i] * hd, sin + pos[i] * hd, nh + nkv, hd);
         for (long g = 0; g < nkv; g++) {
-            memcpy(kc + (g * P + past + i) * hd, row + (nh + g) * hd, hd * sizeof(float));
-            memcpy(vc + (g * P + past + i) * hd, row + (nh + nkv + g) * hd, hd * sizeof(float));
+            memcpy(kc + (g * P + at) * hd, row + (nh + g) * hd, hd * sizeof(float));
+            memcpy(vc + (g * P + at) * hd, row + (nh + nkv + g) * hd, hd * sizeof(float));
         }
     }
     #pragma omp parallel for schedule(static) num_threads(threads) if (n * nh * len * hd >= 65536)
     for (long ih = 0; ih < n * nh; ih++) {
         long i = ih / nh, h = ih % nh;
         const unsigned char* may = mask ? mask + i * len : 0;
-        long last = mask ? len : past + i + 1;
+        long last = mask ? len : (stride ? pos[i] : past + i) + 1;
         float* sc = scores + omp_get_thread_num() * len;
         const float* q = qkv + i * nq + h * hd;
-        const float *K = kc + (h / group) * P * hd, *V = vc + (h / group) * P * hd;
+        const float *K = k + i * stride + (h / group) * P * hd, *V = v + i * stride + (h / group) * P * hd;
         float* o = out + i * nh * hd + h * hd;
         if (hd % 16 == 0 && hd <= 16 * MAX_HD16) head_v(q, K, V, may, last, hd, scale, sc, o);
         else head_scalar(q, K, V, may, last, hd, scale, sc, o);
@@ -369,17 +378,20 @@ static void rmsnorm(const float* x, const float* w, float eps, long n, float* ou
 
 /* A Llama-shaped decoder layer for n rows, x [n, H] updated in place:
    x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
+   The cache (k, v, stride, P, past, mask) as eagle3_attend takes it: one sequence, or (stride > 0)
+   one per row. Every step of it computes a row alike whatever rows come with it.
    scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + threads (past + n) floats. */
 void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, float eps,
                   const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
-                  long inter, const long* pos, const float* cos, const float* sin, float* kv, long P, long past,
-                  const unsigned char* mask, long nh, long nkv, long hd, float scale, float* scratch, int threads) {
+                  long inter, const long* pos, const float* cos, const float* sin, float* k, float* v, long stride,
+                  long P, long past, const unsigned char* mask, long nh, long nkv, long hd, float scale,
+                  float* scratch, int threads) {
     long nq = (nh + 2 * nkv) * hd, wide = H > inter ? H : inter;
     float *h = scratch, *qkv = h + n * wide, *attn = qkv + n * nq, *gu = attn + n * nh * hd;
     float *scores = gu + n * 2 * inter;
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln1, eps, H, h + i * H);
     eagle3_gemv_f32(Wqkv, h, qkv, nq, H, n, bqkv, 0, threads);
-    eagle3_attend(qkv, n, pos, cos, sin, kv, P, past, mask, nh, nkv, hd, scale, attn, scores, threads);
+    eagle3_attend(qkv, n, pos, cos, sin, k, v, stride, P, past, mask, nh, nkv, hd, scale, attn, scores, threads);
     eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
     eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);

@@ -205,3 +205,59 @@ def test_regen_dtype_auto_is_bf16_only_for_an_fp32_target_on_a_bf16_cpu(monkeypa
     with pytest.raises(ValueError, match="must be auto or one of"):
         regen.regen_dtype("bf16", llama, "cpu", torch.float32)
 
+
+
+@pytest.fixture(params=["native", "haswell"])
+def native_build(request):
+    """The native kernels in use: this CPU's build, and the AVX2 build (x86 with AVX2 only)."""
+    from eagle3cli.decode import native
+
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    if request.param != "native" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU does not run AVX2")
+    try:
+        assert native.use(request.param), native.status()
+        yield request.param
+    finally:
+        native.use()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_native_decode_rows_are_bitwise_each_sequence_alone(native_build, arch):
+    """On the native kernels a decode step of many slots (20: two calls of 10 rows) gives each
+    slot bitwise the logits that slot decoded alone in a one-slot target gets, step after step,
+    also after a compaction moved a slot."""
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(1, 30, (20,), generator=g)]
+    many = SlotTarget(model, slots=20, max_len=8)
+    alone = [SlotTarget(model, slots=1, max_len=8) for _ in seqs]
+    assert many.native is not None and all(a.native is not None for a in alone)
+    for s, ids in enumerate(seqs):
+        assert torch.equal(many.prefill(s, ids, 0), alone[s].prefill(0, ids, 0))
+    for step in range(4):
+        if step == 2:  # slot 19 moves into slot 3, and 19 is no longer busy
+            many.move(19, 3, len(seqs[19]))
+            seqs[3], alone[3] = seqs.pop(), alone.pop()
+        new = torch.randint(0, 256, (len(seqs),), generator=g)
+        got = many.decode(new, torch.tensor([len(x) for x in seqs]))
+        for s, ids in enumerate(seqs):
+            one = alone[s].decode(new[s:s + 1], torch.tensor([len(ids)]))
+            assert torch.equal(got[s:s + 1], one), (step, s)
+            ids.append(int(new[s]))
+        torch.testing.assert_close(got[0], hf_last_logits(model, seqs[0]), atol=1e-5, rtol=1e-4)
+
+
+def test_batched_regeneration_is_one_at_a_time_decoding_token_for_token(smol, native_build):
+    """Regeneration with 2, 3 or 16 slots is token for token regeneration one conversation at a
+    time (one slot), the turns' ends and cuts included."""
+    model, tok = smol
+    stops = stops_that_fire(model, tok, GenSettings(max_new_tokens=12, batch_size=1, max_length=200))
+    runs = {}
+    for batch_size in (1, 2, 3, 16):
+        settings = GenSettings(max_new_tokens=12, batch_size=batch_size, max_length=200)
+        runs[batch_size] = regenerate_local(model, tok, CONVS, settings, stops, continuous=True)
+    for batch_size in (2, 3, 16):
+        assert runs[batch_size] == runs[1]
+    assert 0 < runs[1][1].cut < runs[1][1].answers
