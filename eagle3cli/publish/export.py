@@ -147,8 +147,9 @@ def engine_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16, metadat
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, metadata: dict | None = None,
                dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write config.json + model.safetensors (atomically, file by file: a failed write leaves
-    each file as it was). The weights get open()'s mode: a published draft is world-readable."""
-    if getattr(draft.config, "draft_type", "eagle3") == "dflash":
+    each file as it was). The weights get open()'s mode: a published draft is world-readable.
+    A DFlash draft (``draft.config.draft_type``) is written in z-lab's layout, the one engines read."""
+    if getattr(draft.config, "draft_type", "eagle3") == "dflash":  # z-lab's layout (publish/dflash_export.py)
         from .dflash_export import save_dflash
 
         return save_dflash(draft, out_dir, metadata, dtype)
@@ -246,15 +247,17 @@ def read_tensors(draft_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def load_draft(draft_dir: str | Path, target=None, dtype: torch.dtype | None = torch.float32,
                device: str | torch.device = "cpu") -> tuple[Eagle3Draft, dict]:
-    """Load a draft directory into an Eagle3Draft; returns (draft, config dict).
+    """Load a draft directory into an Eagle3Draft (a DFlashDraft for a DFlash folder, by its
+    config.json); returns (draft, config dict).
 
     ``target`` (a loaded HF model) supplies the frozen embedding when the draft does not
-    ship one. ``dtype=None`` keeps the stored dtype (bit-exact round trips).
+    ship one (and a DFlash draft's LM head). ``dtype=None`` keeps the stored dtype (bit-exact
+    round trips).
     """
     d = read_config(draft_dir)
     from .dflash_export import is_dflash, load_dflash
 
-    if is_dflash(d):
+    if is_dflash(d):  # z-lab's or speculators' layout: a DFlashDraft (publish/dflash_export.py)
         return load_dflash(draft_dir, d, target, dtype, device)
     check_draft(d, None, draft_dir)  # before the config is used for anything
     cfg = draft_config_from_json(d)

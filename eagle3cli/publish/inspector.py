@@ -15,6 +15,8 @@ import torch
 from ..core.hf_utils import text_config
 from ..engines import engine_support
 from ..model.layers import default_layer_ids, num_layers
+from .dflash_check import inspect_dflash
+from .dflash_export import is_dflash
 from .draft_check import REQUIRED_KEYS, UnreadableWeights, config_problems, read_weights, tensor_problems
 from .export import (
     CONFIG,
@@ -53,10 +55,8 @@ def inspect_draft(draft_dir: str | Path, target_config=None) -> InspectReport:
     cfg = _read_config(Path(draft_dir), rep)
     if cfg is None:
         return rep
-    from .dflash_export import dflash_problems, is_dflash
-
-    if is_dflash(cfg):
-        rep.problems, rep.summary = dflash_problems(draft_dir, cfg, target_config)
+    if is_dflash(cfg):  # its own contract (publish/dflash_check.py)
+        rep.problems, rep.summary = inspect_dflash(draft_dir, cfg, target_config)
         return rep
     broken = config_problems(cfg, required=False)  # wrong types or absurd values: nothing below can use them
     if broken:
@@ -243,7 +243,10 @@ def _check_against_target(cfg: dict, ids, target_config, rep: InspectReport):
 
 def inspect_any(path: str | Path, target_config=None):
     """``inspect`` for any format: the engine contracts checked on the directory as it is (what
-    an engine would load), the format named, and what a conversion would infer."""
+    an engine would load), the format named, and what a conversion would infer. A DFlash draft
+    (either layout) is inspected as it is: (report, None)."""
+    if dflash_folder(path):
+        return inspect_draft(path, target_config), None
     try:
         fmt = detect_format(path)
     except FormatError as e:
@@ -281,3 +284,12 @@ def inspect_any(path: str | Path, target_config=None):
     rep.summary["format"] = fmt
     rep.summary["read_note"] = note.lines()
     return rep, note
+
+
+def dflash_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a DFlash draft (by its config.json: ``dflash_export.is_dflash``)."""
+    p = Path(path) / CONFIG
+    try:
+        return p.is_file() and is_dflash(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False

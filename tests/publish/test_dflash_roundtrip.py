@@ -55,4 +55,5 @@ def test_inspect_names_each_engines_count_and_a_mask_outside_the_embedding(tmp_p
     assert rep.summary["engines"]["sglang"]["speculative_num_draft_tokens"] == 8
     small = LlamaConfig(**{**TARGET.to_dict(), "vocab_size": 100})
     rep = inspect_draft(tmp_path, small)
-    assert rep.problems == ["dflash_config.mask_token_id 100 is not a row of the target's embedding (0..99)"]
+    assert rep.problems == ["config.json: dflash_config.mask_token_id 100 is not a row of the target's embedding "
+                            "(0..99)", "target: vocab size 100, the draft's vocab_size is 101"]
