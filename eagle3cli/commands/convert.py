@@ -15,7 +15,9 @@ from .common import Revision, TrustRemoteCode, aliased, fail, report_console
 def convert(
     draft: str = typer.Argument(..., help="Draft directory in any format `eagle3 inspect` names."),
     to: Literal[CONVERT_TARGETS] = typer.Option(..., "--to", help="vllm and sglang write our files (both engines "
-                                                "load them); speculators is vLLM's speculators format."),
+                                                "load them); speculators is vLLM's speculators format. A DFlash "
+                                                "draft: zlab (= ours, vllm, sglang; llama.cpp's converter reads "
+                                                "it too) or speculators."),
     out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Folder to write the converted draft to."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Target: infers what the files do not "
                                         "record (layer ids, max positions) and supplies the embedding."),
@@ -26,7 +28,7 @@ def convert(
     revision: Optional[str] = Revision,
     trust_remote_code: bool = TrustRemoteCode,
 ):
-    """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours) for an engine."""
+    """Convert a draft (EAGLE reference, speculators, ModelOpt, SpecForge, ours; DFlash: z-lab, speculators)."""
     import torch
 
     from ..config.options import parse_layer_ids
@@ -51,15 +53,19 @@ def convert(
     show = report_console()
     for line in note.lines():
         show.print(line, highlight=False)
-    if note.embed == "placeholder":
+    if note.embed == "placeholder" and not note.format.startswith("dflash"):  # DFlash never ships one
         show.print("embedding: not in the files and no --model given: left out; the engines take the target's",
                    highlight=False)
     show.print(f"wrote {to} draft to {path}", highlight=False)
     rep, _ = inspect_any(path, target_config)
     for p in rep.problems:
         show.print(f"[red]problem:[/] {p}", highlight=False)
-    engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}"
-                        for k, v in (rep.summary.get("engines") or {}).items())
+    if rep.summary.get("draft_type") == "dflash":  # each engine's own count of the block
+        engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}"
+                            for k, v in (rep.summary.get("reads_correctly") or {}).items())
+    else:
+        engines = ", ".join(f"{k}: {'yes' if v and rep.ok else 'no'}"
+                            for k, v in (rep.summary.get("engines") or {}).items())
     show.print(f"inspect on the result: {'ok' if rep.ok else 'problems found'} (format {rep.summary.get('format')}; "
                f"reads it correctly: {engines})", highlight=False)
     raise typer.Exit(0 if rep.ok else 1)

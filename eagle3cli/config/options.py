@@ -28,7 +28,7 @@ from ..core.errors import OptionError, check_out_dir
 REQUIRED = dataclasses.MISSING  # option(REQUIRED, ...): a field, and flag, without a default
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # --dtype, --regen-dtype
 ROW_FORMATS = ("sharegpt", "messages", "alpaca", "turns", "prompt")  # data/sources.py FORMATS
-CONVERT_TARGETS = ("ours", "vllm", "sglang", "speculators")  # publish/formats/common.py TARGETS
+CONVERT_TARGETS = ("ours", "vllm", "sglang", "speculators", "zlab")  # publish/formats/common.py TARGETS
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # publish/gguf_export.py OUTTYPES
 # A repeatable choice (--outtype, --gguf) parses as an Enum: typer takes no list of a Literal.
 GGUFType = Enum("GGUFType", {t: t for t in GGUF_TYPES}, type=str)

@@ -54,11 +54,12 @@ DFLASH_KEYS = {"architectures", "model_type", "block_size", "dflash_config", "nu
 SPECULATORS_KEYS = {"speculators_model_type", "speculators_version", "transformer_layer_config", "speculators_config",
                     "draft_vocab_size", "aux_hidden_state_layer_ids", "mask_token_id", "sliding_window_non_causal",
                     "sample_from_anchor", "tie_word_embeddings"}
-INNER_KEYS = {"mask_token_id", "target_layer_ids", "block_size"}
+INNER_KEYS = {"mask_token_id", "target_layer_ids", "block_size", "num_target_layers", "mask_token"}
 # dflash_config keys llama.cpp's converter reads that change the architecture it serves (DFlash2,
 # scaled logits...): this package's DFlash has none of these parts.
 OTHER_ARCH_KEYS = {"attention_value_scale", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
-                   "output_multiplier", "final_logit_softcapping", "input_embedding_scale", "swa_window_size"}
+                   "output_multiplier", "final_logit_softcapping", "input_embedding_scale", "swa_window_size",
+                   "attention_sink_bias", "projector_type", "add_swa_attention_sink_bias"}
 
 
 def qwen3_keys() -> set[str]:
@@ -77,9 +78,10 @@ def _is_int(v) -> bool:
 
 # ---------------------------------------------------------------------------- config.json
 
-def config_problems_dflash(d: dict) -> list[str]:
+def config_problems_dflash(d: dict, serving: bool = True) -> list[str]:
     """The config alone: types and ranges (``draft_check.config_problems`` on the Qwen3 fields),
-    then the DFlash keys, each silent failure one line."""
+    then the DFlash keys, each silent failure one line (``serving`` False: only what would make this
+    package read the draft wrongly, what every reader refuses)."""
     fields = layer_fields(d)
     layout = layout_of(d)
     if layout == "speculators" and not isinstance(d.get("transformer_layer_config"), dict):
@@ -100,7 +102,8 @@ def config_problems_dflash(d: dict) -> list[str]:
     out += _mask_problems(d, fields)
     out += _layer_id_problems(d, meta, layout)
     out += _attention_problems(d, fields)
-    out += _unknown_keys(d, layout)
+    if serving:
+        out += _serving_problems(d)
     return out
 
 
@@ -178,8 +181,6 @@ def _layer_id_problems(d: dict, meta: dict, layout: str, n_layers: int | None = 
     if sorted(set(ids)) != ids:
         return [f"config.json: {key} {ids} is not ascending and distinct (fc reads the layers in this order)"]
     n = n_layers or (d.get("num_target_layers") if _is_int(d.get("num_target_layers")) else None)
-    if layout == "zlab" and d.get("num_target_layers") is None and n_layers is None:
-        return ["config.json: num_target_layers is missing (vLLM and SGLang read the target's depth from it)"]
     if n:
         lo, hi = (0, n - 2) if shift else (1, n - 1)
         bad = [k for k in ids if not lo <= k <= hi]
@@ -217,9 +218,10 @@ def _attention_problems(d: dict, fields: dict) -> list[str]:
     if fields.get("use_sliding_window") is True or inner.get("use_swa") is True:
         out.append("config.json: a sliding window is on (use_sliding_window / dflash_config.use_swa): the engines "
                    "would serve a windowed, causal block; this draft attends the whole block")
-    if d.get("rope_is_neox_style") is False:
-        out.append("config.json: rope_is_neox_style is false (interleaved RoPE): llama.cpp permutes q/k for it; "
-                   "this draft rotates halves (NeoX), so it would be served with another RoPE")
+    for name in ("rope_is_neox_style", "is_neox_style"):  # llama.cpp and SGLang read the first, vLLM the second
+        if fields.get(name) is False or d.get(name) is False:
+            out.append(f"config.json: {name} is false (interleaved RoPE); this draft rotates halves (NeoX), so "
+                       "the engines would serve it with another RoPE")
     if fields.get("num_hidden_layers") is not None and isinstance(types, list) \
             and len(types) != fields["num_hidden_layers"]:
         out.append(f"config.json: layer_types lists {len(types)} layers, num_hidden_layers is "
@@ -227,10 +229,33 @@ def _attention_problems(d: dict, fields: dict) -> list[str]:
     return out
 
 
+def _serving_problems(d: dict) -> list[str]:
+    """What an engine would misread in files this package reads faithfully (inspect names them; the
+    readers accept them, so a third party's draft can still be evaluated, converted and continued)."""
+    out = []
+    if layout_of(d) == "speculators" and d.get("sliding_window_non_causal") is False:
+        out.append("config.json: sliding_window_non_causal is false: vLLM 0.32.0 then sets dflash_config.causal "
+                   "true and attends causally inside the block in every layer; this draft was trained "
+                   "bidirectional: set it to true (`eagle3 convert --to speculators` does)")
+    ea = d.get("eagle_aux_hidden_state_layer_ids")
+    if ea is not None and layout_of(d) == "zlab":
+        _, ids, shift = layer_ids_of(d)
+        want = [k + shift for k in ids] if isinstance(ids, list) and all(_is_int(k) for k in ids) else None
+        if ea != want:
+            out.append(f"config.json: eagle_aux_hidden_state_layer_ids {ea} (input of layer j) is what vLLM captures, "
+                       f"before dflash_config.target_layer_ids; they disagree (expected {want}): remove it")
+    if layout_of(d) == "zlab" and d.get("num_target_layers") is None:
+        out.append("config.json: num_target_layers is missing (SGLang reads the target's depth from it, else "
+                   "takes the largest layer id + 1)")
+    return out + _unknown_keys(d, layout_of(d))
+
+
 def _unknown_keys(d: dict, layout: str) -> list[str]:
     known = (DFLASH_KEYS | qwen3_keys()) if layout == "zlab" else (DFLASH_KEYS | SPECULATORS_KEYS)
     out = [f"config.json: {k} is read by no engine ({ENGINES}): a misspelt key leaves the engine's default; "
-           "remove or rename it" for k in d if k not in known and k not in ("is_causal", "rope_is_neox_style")]
+           "remove or rename it" for k in d
+           if k not in known and k not in ("is_causal", "rope_is_neox_style", "is_neox_style",
+                                           "eagle_aux_hidden_state_layer_ids")]
     inner = d.get("dflash_config")
     if isinstance(inner, dict):
         for k in inner:
@@ -354,7 +379,7 @@ def engine_counts(b: int) -> dict:
 def check_dflash(config: dict, tensors: dict | None, directory, target_config=None):
     """Raise :class:`CorruptDraft` with the first problem (config, then ``tensors`` when given, then
     the target when given): what every DFlash reader runs before it builds anything."""
-    problems = [f"{Path(directory) / p}" for p in config_problems_dflash(config)]
+    problems = [f"{Path(directory) / p}" for p in config_problems_dflash(config, serving=False)]
     if not problems and tensors is not None:
         problems = [f"{Path(directory) / WEIGHTS}: {p}" for p in tensor_problems_dflash(config, tensors)]
     if not problems and target_config is not None:

@@ -111,7 +111,11 @@ def speculators_config(cfg: DFlashConfig, dtype: torch.dtype = torch.bfloat16, m
         "mask_token_id": cfg.mask_token_id,
         "target_hidden_size": cfg.target_hidden_size if cfg.target_hidden_size != cfg.hidden_size else None,
         "num_target_layers": cfg.num_target_layers,
-        "sliding_window_non_causal": False,
+        # vLLM 0.32.0 (transformers_utils/configs/speculators/algos.py) serves a speculators DFlash
+        # draft with dflash_config.causal = not sliding_window_non_causal, which makes EVERY layer
+        # causal when false; true keeps the block bidirectional there and changes nothing in
+        # speculators (its full-attention layers are bidirectional either way).
+        "sliding_window_non_causal": True,
         "sample_from_anchor": False,
         "tie_word_embeddings": False,
         "dtype": DTYPE_NAMES[dtype],

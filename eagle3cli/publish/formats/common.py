@@ -19,9 +19,11 @@ FORMATS = {
     "speculators": "speculators (vLLM's Eagle3Speculator format)",
     "modelopt": "NVIDIA ModelOpt export",
     "specforge": "SpecForge / SGLang export",
+    "dflash-zlab": "DFlash, z-lab's layout (vLLM, SGLang, llama.cpp)",
+    "dflash-speculators": "DFlash, speculators' layout",
 }
 # --to targets: ours serves both engines (docs/formats.md); speculators is vLLM's own format.
-TARGETS = ("ours", "vllm", "sglang", "speculators")
+TARGETS = ("ours", "vllm", "sglang", "speculators", "zlab")  # zlab: DFlash drafts only (formats/dflash.py)
 PICKLE = "pytorch_model.bin"
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config layout the writer follows
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dflash_layout import is_dflash, layout_of
 from ..export import CONFIG, METADATA_KEY, WEIGHTS
 from .common import PICKLE, FormatError, read_json, safetensors_names
 
@@ -16,6 +17,8 @@ def detect_format(path: str | Path) -> str:
     if not (d / CONFIG).exists():
         raise FormatError(f"{d} has no {CONFIG}: not a draft directory")
     cfg = read_json(d / CONFIG)
+    if is_dflash(cfg):  # a DFlash draft: read by formats/dflash.py
+        return f"dflash-{layout_of(cfg)}"
     if "speculators_model_type" in cfg or "speculators_config" in cfg:
         return "speculators"
     if not (d / WEIGHTS).exists():

@@ -13,12 +13,14 @@ from ..draft_check import CorruptDraft, config_problems
 from ..export import CONFIG, METADATA_KEY, check_draft, draft_config_from_json, draft_from_tensors
 from .common import FormatError, ReadNote, load_tensors, read_json
 from .detect import detect_format
+from .dflash import is_dflash_dir, read_dflash
 from .normalise import check_shapes, check_supported, fit_positions, read_layer_ids, rename, rope, vocab_maps
 
 
 def read_draft(path: str | Path, target_config=None, target=None, dtype: torch.dtype | None = None,
                layer_ids=None, device: str | torch.device = "cpu") -> tuple[Eagle3Draft, ReadNote]:
-    """Read a draft in any known format into our ``Eagle3Draft``.
+    """Read a draft in any known format into our ``Eagle3Draft`` (a DFlash folder, either layout,
+    into a ``DFlashDraft``: formats/dflash.py).
 
     ``target_config`` lets the reader infer what the files do not record (layer ids, max
     positions); ``target`` (a loaded HF model) supplies the embedding a draft does not ship.
@@ -26,6 +28,10 @@ def read_draft(path: str | Path, target_config=None, target=None, dtype: torch.d
     the layer ids (required when neither the files nor a target config give them).
     """
     d = Path(path)
+    if is_dflash_dir(d):  # a DFlashDraft, z-lab's or speculators' layout (formats/dflash.py)
+        if layer_ids is not None:
+            raise FormatError(f"{d}: a DFlash draft records its target layers; --layers is for EAGLE-3 drafts")
+        return read_dflash(d, target_config=target_config, target=target, dtype=dtype, device=device)
     fmt = detect_format(d)
     note = ReadNote(format=fmt, path=str(d))
     raw = read_json(d / CONFIG)

@@ -12,6 +12,7 @@ from ...model.draft import Eagle3Draft
 from ..export import CONFIG, METADATA_KEY, WEIGHTS, exported_state_dict, save_draft
 from .common import SPECULATORS_VERSION, TARGETS, FormatError, ReadNote, read_json
 from .detect import detect_format
+from .dflash import TO_LAYOUT, convert_dflash, is_dflash_dir
 from .readers import read_draft
 
 
@@ -24,13 +25,24 @@ def write_draft(draft: Eagle3Draft, out_dir: str | Path, to: str = "ours", metad
                 dtype: torch.dtype | None = None, target_name: str | None = None,
                 embed_known: bool = True) -> Path:
     """Write ``draft`` in the format ``to`` (ours, vllm, sglang: the same files; or speculators).
+    A DFlashDraft goes to z-lab's layout (ours, vllm, sglang, zlab) or speculators' (formats/dflash.py).
 
     ``dtype=None`` keeps the draft's dtype. ``embed_known`` False: the draft's embedding is a
     placeholder (no target was given), so the speculators writer leaves it out (vLLM then
     shares the target's, as for ours).
     """
+    if getattr(draft.config, "draft_type", "eagle3") == "dflash":
+        from ..dflash_export import save_dflash
+
+        if to not in TO_LAYOUT:
+            raise FormatError(f"--to must be one of {', '.join(TO_LAYOUT)} for a DFlash draft, got {to!r}")
+        return save_dflash(draft, out_dir, metadata, dtype=dtype, layout=TO_LAYOUT[to], target_name=target_name)
+    eagle3_targets = [t for t in TARGETS if t != "zlab"]
+    if to == "zlab":
+        raise FormatError("--to zlab is DFlash's layout; an EAGLE-3 draft is written --to "
+                          f"{', '.join(eagle3_targets)}")
     if to not in TARGETS:
-        raise FormatError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
+        raise FormatError(f"--to must be one of {', '.join(eagle3_targets)}, got {to!r}")
     dtype = dtype or draft.fc.weight.dtype
     if to == "sglang" and norm_before_residual(draft):
         raise FormatError("this draft uses norm_before_residual, which SGLang (0.5.23, models/llama_eagle3.py) "
@@ -94,6 +106,11 @@ def convert(path: str | Path, out_dir: str | Path, to: str = "ours", target_conf
     """Read ``path`` (any format) and write it to ``out_dir`` in the format ``to``."""
     if Path(out_dir).resolve() == Path(path).resolve():
         raise FormatError(f"--out {out_dir} is the input draft itself: choose another folder")
+    if is_dflash_dir(path):  # z-lab's or speculators' layout, either way (formats/dflash.py)
+        if layer_ids is not None:
+            raise FormatError(f"{path}: a DFlash draft records its target layers; --layers is for EAGLE-3 drafts")
+        return convert_dflash(path, out_dir, to, target_config=target_config, target=target, dtype=dtype,
+                              target_name=target_name)
     draft, note = read_draft(path, target_config=target_config, target=target, layer_ids=layer_ids)
     raw = read_json(Path(path) / CONFIG)
     meta = dict(raw.get(METADATA_KEY) or {}) if note.format == "ours" else {}
@@ -122,8 +139,16 @@ def as_ours(path: str | Path, target_config=None, say=None) -> str:
     import shutil
     import tempfile
 
+    if is_dflash_dir(path):
+        from ..dflash_export import layout_of
+
+        if layout_of(read_json(Path(path) / CONFIG)) == "zlab":
+            return str(path)  # the engines' layout, checked by every reader
+        fmt = "dflash-speculators"
+    else:
+        fmt = None
     try:
-        fmt = detect_format(path)
+        fmt = fmt or detect_format(path)
     except FormatError:
         if not damaged_ours(path):
             raise
