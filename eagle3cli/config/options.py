@@ -166,6 +166,25 @@ def json_object(text: str) -> dict | None:
     return value
 
 
+def parse_duration(text, flag: str) -> float:
+    """``90s``, ``10m``, ``10min``, ``1h`` or a bare number of seconds -> seconds (a float: library
+    callers and recipes may give the seconds themselves)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        raw = str(text).strip().lower()
+        units = (("min", 60.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+        scale = next((f for u, f in units if raw.endswith(u)), 1.0)
+        number = next((raw[: -len(u)] for u, _ in units if raw.endswith(u)), raw).strip()
+        try:
+            seconds = float(number) * scale
+        except ValueError:
+            raise OptionError(f"{flag} takes a duration such as 90s, 10m or 1h, got {text!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise OptionError(f"{flag} must be a duration of 0 or more (90s, 10m, 1h), got {text!r}")
+    return seconds
+
+
 @dataclass(kw_only=True)
 class GenDataOptions(TargetOptions):
     """``eagle3 gen-data``'s settings (gen_data.run takes the target as a separate TargetSpec)."""
@@ -187,7 +206,14 @@ class GenDataOptions(TargetOptions):
                                         "(e.g. http://localhost:8000/v1) to regenerate with.")
     endpoint_model: str | None = option(None, "Model name on the server (default: the first one it lists).")
     api_key: str | None = option(None, "Key for --endpoint.", envvar=["OPENAI_API_KEY", "EAGLE3_API_KEY"])
-    concurrency: int = option(16, "Conversations in flight at once with --endpoint.")
+    concurrency: int = option(16, "Most conversations in flight at once with --endpoint (fewer while the server "
+                                  "answers 429 or 503; back up as it recovers).")
+    endpoint_patience: float = option(600.0, "How long --endpoint waits out a server that does not answer (down, "
+                                             "restarting, failing) before the run stops: a duration such as 90s, "
+                                             "10m or 1h (a bare number is seconds; 0: stop at the first fault). "
+                                             "Every answer received is kept; a rerun resumes.",
+                                      cli_type=str, parse=lambda text: parse_duration(text, "--endpoint-patience"),
+                                      cli_default="10m", metavar="DURATION")
     batch_size: int = option(16, "Prompts per local generation batch.")
     max_new_tokens: int = option(512, "Longest regenerated answer (tokens).")
     temperature: float = option(0.0, "0 = greedy.")
@@ -265,6 +291,10 @@ class GenDataOptions(TargetOptions):
             raise error(f"--top-p must lie in (0, 1], got {self.top_p}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise error(f"--max-minutes must be a positive number of minutes, got {self.max_minutes}")
+        try:  # a recipe or a library caller may give "10m" as well as seconds
+            self.endpoint_patience = parse_duration(self.endpoint_patience, "--endpoint-patience")
+        except OptionError as e:
+            raise error(str(e)) from None
         if self.endpoint and not self.regenerate:
             raise error("--endpoint regenerates answers; it cannot be combined with --no-regenerate")
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:

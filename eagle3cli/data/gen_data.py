@@ -4,7 +4,8 @@ The pipeline, per shard of ``shard_size`` conversations (shard s is written by r
 
 1. regenerate the answers with the target (local batched generation or an OpenAI-compatible
    endpoint), or keep the dataset's own answers; regenerated conversations are saved as
-   ``regenerated/part-SSSSS.jsonl`` before anything else, so a crash never pays for them twice;
+   ``regenerated/part-SSSSS.jsonl`` before anything else, so a crash never pays for them twice
+   (through an endpoint each answer is journaled as it arrives, ``part-SSSSS.journal``, until then);
 2. tokenise each conversation with the target's chat template and build its assistant mask
    (``chat_mask``); cut it at ``max_length`` (counted, never dropped silently);
 3. one target forward per conversation (micro-batched by token budget, right padding, no
@@ -27,6 +28,7 @@ from .. import __version__
 from ..config.options import GenDataOptions
 from ..core.hf_utils import eos_token_ids, text_config
 from ..core.time_limit import TimeLimit
+from .answer_journal import journal_path
 from .chat_mask import MaskError, chat_template, end_of_turn_ids, highlight, template_hash
 from .estimates import check_disk, disk_line, estimate_store, regen_eta
 from .fingerprints import content_hash, data_fingerprint
@@ -243,19 +245,20 @@ class Pipeline:
     # -- per shard
 
     def regenerate(self, index: int, convs: list[Conversation]) -> tuple[list[Conversation | None], dict]:
-        from .regenerate import GenSettings, regenerate_endpoint, regenerate_local
+        from .regenerate import GenSettings, regenerate_local
 
         o = self.opts
         path = self.out / REGEN_DIR / f"part-{index:05d}.jsonl"
         if path.exists():
+            journal_path(path).unlink(missing_ok=True)  # left by a stop between the two writes below
             return read_regenerated(path)
         settings = GenSettings(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
                                batch_size=o.batch_size, max_length=o.max_length, dtype=self.regen_dtype)
         msgs, tools = [c.messages for c in convs], [c.tools for c in convs]
         template_kwargs = self.sample_kw["template_kwargs"]
+        journal = None
         if self.endpoint is not None:
-            results, stats = regenerate_endpoint(self.endpoint, msgs, settings, tools=tools,
-                                                 template_kwargs=template_kwargs)
+            results, stats, journal = self.regenerate_through_endpoint(index, path, convs, settings)
         else:
             results, stats = regenerate_local(self.model, self.tokenizer, msgs, settings, self.stop_ids,
                                               on_batch=lambda s: self.progress.status(f"shard {index}: generating {s}"),
@@ -266,7 +269,33 @@ class Pipeline:
                    "generated_tokens": stats.generated_tokens,
                    "rejected": {str(convs[i].id): r for i, r in stats.rejected.items()}}
         write_regenerated(path, convs, results, stats_d)
+        if journal is not None:
+            journal.remove()  # the part file holds every answer now
         return [Conversation(c.id, m, c.tools) if m is not None else None for c, m in zip(convs, results)], stats_d
+
+    def regenerate_through_endpoint(self, index: int, path: Path, convs: list[Conversation], settings):
+        """(results, stats, journal) of one shard through --endpoint. Each answer is journaled as it
+        arrives (answer_journal): a stop loses none of them, and a rerun asks only for the others."""
+        from .answer_journal import AnswerJournal
+        from .endpoint import EndpointError, regenerate_endpoint
+
+        journal = AnswerJournal(journal_path(path))
+        if journal.kept:
+            self.console.print(f"shard {index}: {journal.kept} answers kept from an earlier run "
+                               f"({journal.path.name}); asking the server for the others only", highlight=False)
+        done = []
+        try:
+            results, stats = regenerate_endpoint(
+                self.endpoint, [c.messages for c in convs], settings, tools=[c.tools for c in convs],
+                template_kwargs=self.sample_kw["template_kwargs"], journal=journal, ids=[c.id for c in convs],
+                on_done=lambda i: done.append(i) or self.progress.within_shard(len(done)))
+        except EndpointError as e:
+            raise GenDataError(f"{e}; stopped: the {len(journal)} answers of shard {index} received so far are kept "
+                               f"in {journal.path} and the finished shards in {self.out}: run the same command "
+                               "again to resume (only the unanswered turns are sent)") from None
+        finally:
+            journal.close()
+        return results, stats, journal
 
     def process_shard(self, index: int, convs: list[Conversation]) -> dict:
         o = self.opts
@@ -362,10 +391,11 @@ class Pipeline:
             console.print(f"loading target {self.spec.model}{regen} ...")
             self.model = load_target(self.spec)
         if o.endpoint:
-            from .regenerate import Endpoint, EndpointError
+            from .endpoint import Endpoint, EndpointError
 
             self.endpoint = Endpoint(o.endpoint, model=o.endpoint_model, api_key=o.api_key,
-                                     concurrency=o.concurrency)
+                                     concurrency=o.concurrency, patience=o.endpoint_patience,
+                                     say=lambda m: console.print(m, highlight=False, markup=False))
             try:
                 console.print(f"endpoint {self.endpoint.base}: model {self.endpoint.resolve_model()}")
             except EndpointError as e:

@@ -85,7 +85,7 @@ def run_shards(pipe, todo: list[int], base: dict, n_shards: int):
     """Process this rank's unfinished shards ``todo`` through ``pipe.process_shard``, stopping
     before a shard that would not fit in the time left; ``pipe.progress`` is this run's GenProgress."""
     from ..engines.vllm_engine import VllmEngineError
-    from .regenerate import EndpointError
+    from .endpoint import EndpointError
 
     o, console, size = pipe.opts, pipe.console, pipe.opts.shard_size
     total = sum(len(pipe.convs[s * size:(s + 1) * size]) for s in range(n_shards) if s % pipe.world == pipe.rank)

@@ -15,20 +15,15 @@ Two engines:
   together, then turn 2, ...), greedy or sampled with temperature/top-p. On a CPU with native
   bf16 matmuls (AVX512-BF16, AMX), continuous batching computes in bfloat16 by default (``regen_dtype``).
 - ``--endpoint URL``: any OpenAI-compatible server (vLLM, SGLang, ...) serving the target,
-  many conversations in flight at once, with retries. Only the standard library is used.
+  many conversations in flight at once (``endpoint.py``: outages waited out, every answer
+  journaled as it arrives).
 """
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.errors import Eagle3Error
 from ..core.hardware import has_bf16_matmul
 from ..core.hf_utils import cache_kwargs
 from .chat_mask import render
@@ -358,133 +353,3 @@ def strip_meta(messages: list[dict]) -> list[dict]:
     exchange's ``tool_calls`` / ``tool_call_id`` / ``name``; our bookkeeping (``token_ids``,
     ``finished``, ``learn``) stays out."""
     return [{k: m[k] for k in TEMPLATE_KEYS if k in m} for m in messages]
-
-
-# ---------------------------------------------------------------- OpenAI-compatible server
-
-
-class EndpointError(Eagle3Error, RuntimeError):
-    """The server kept failing after all retries (the run stops; rerun resumes)."""
-
-
-class EndpointRejected(ValueError):
-    """The server refused one request (4xx): that conversation is skipped and counted."""
-
-
-@dataclass
-class Endpoint:
-    url: str
-    model: str | None = None
-    api_key: str | None = None
-    concurrency: int = 16
-    retries: int = 5
-    timeout: float = 600.0
-
-    @property
-    def base(self) -> str:
-        u = self.url.rstrip("/")
-        for tail in ("/chat/completions", "/completions"):
-            if u.endswith(tail):
-                u = u[: -len(tail)]
-        return u if u.endswith("/v1") else u + "/v1"
-
-    def _request(self, path: str, payload: dict | None = None) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(payload).encode() if payload is not None else None
-        last = ""
-        for attempt in range(self.retries + 1):
-            req = urllib.request.Request(self.base + path, data=data, headers=headers,
-                                         method="POST" if data is not None else "GET")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode("utf-8"))
-            except urllib.error.HTTPError as e:
-                body = e.read().decode("utf-8", "replace")[:200]
-                if e.code != 429 and 400 <= e.code < 500:
-                    raise EndpointRejected(f"HTTP {e.code}: {body}") from None
-                last = f"HTTP {e.code}: {body}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            if attempt < self.retries:
-                time.sleep(min(0.5 * 2 ** attempt, 8.0))
-        raise EndpointError(f"{self.base}{path} failed after {self.retries + 1} tries: {last}")
-
-    def resolve_model(self) -> str:
-        """The served model's name: given, or the first one the server lists."""
-        if self.model:
-            return self.model
-        models = self._request("/models").get("data") or []
-        if not models:
-            raise EndpointError(f"{self.base}/models lists no model; pass --endpoint-model")
-        self.model = models[0]["id"]
-        return self.model
-
-    def answer(self, messages: list[dict], settings: GenSettings, tools: list | None = None,
-               template_kwargs: dict | None = None) -> tuple[str, bool, int]:
-        """(answer, turn ended normally, completion tokens) for one chat request. ``template_kwargs``
-        go as ``chat_template_kwargs`` (vLLM and SGLang pass them to the chat template)."""
-        payload = {"model": self.resolve_model(), "messages": messages, "max_tokens": settings.max_new_tokens,
-                   "temperature": settings.temperature, "top_p": settings.top_p, "n": 1}
-        if tools:
-            payload["tools"] = tools
-        if template_kwargs:
-            payload["chat_template_kwargs"] = template_kwargs
-        out = self._request("/chat/completions", payload)
-        choice = out["choices"][0]
-        msg = choice.get("message") or {}
-        content = msg.get("content") or ""
-        # Reasoning servers return the think block separately; put it back where the template expects it.
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-        if reasoning:
-            content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content.lstrip()}"
-        tokens = int((out.get("usage") or {}).get("completion_tokens") or 0)
-        ended = choice.get("finish_reason") != "length"
-        # A cut answer keeps its trailing whitespace: its last tokens are learned as they came.
-        return (content.strip() if ended else content.lstrip()), ended, tokens
-
-
-def regenerate_endpoint(endpoint: Endpoint, conversations: list[list[dict]], settings: GenSettings,
-                        on_done: Callable[[int], None] | None = None, tools: list | None = None,
-                        template_kwargs: dict | None = None) -> tuple[list[list[dict] | None], RegenStats]:
-    """Answer every user turn through the server, ``endpoint.concurrency`` conversations at once.
-
-    A conversation the server refuses (HTTP 4xx, e.g. too long) comes back as None and is
-    counted; persistent server failures raise EndpointError.
-    """
-    endpoint.resolve_model()
-    tools = tools or [None] * len(conversations)
-
-    def one(i: int):
-        stats = RegenStats()
-        system, users = prompt_turns(conversations[i])
-        ctx = list(system)
-        try:
-            for k, u in enumerate(users):
-                ctx.extend(u)
-                answer, ended, ntok = endpoint.answer(strip_meta(ctx), settings, tools[i], template_kwargs)
-                ctx.append({"role": "assistant", "content": answer} if ended else
-                           {"role": "assistant", "content": answer, "finished": False})
-                stats.answers += 1
-                stats.generated_tokens += ntok
-                if not ended:  # a cut answer ends the conversation (see regenerate_local)
-                    stats.cut += 1
-                    stats.dropped_turns += len(users) - k - 1
-                    break
-        except EndpointRejected as e:
-            if not any(m["role"] == "assistant" for m in ctx):
-                stats.rejected[i] = str(e)
-                return None, stats
-            del ctx[len(ctx) - len(users[k]):]  # keep the answered turns, drop the refused step
-            stats.dropped_turns += len(users) - stats.answers
-        if on_done:
-            on_done(i)
-        return ctx, stats
-
-    total = RegenStats()
-    with ThreadPoolExecutor(max_workers=max(1, endpoint.concurrency)) as pool:
-        results = list(pool.map(one, range(len(conversations))))
-    for _, s in results:
-        total.add(s)
-    return [r for r, _ in results], total

@@ -239,7 +239,9 @@ def test_spec_of_a_train_config():
 INTERNAL = {
     "BadRow": "sources: a row that is skipped and counted",
     "MaskError": "chat_mask: a conversation that is skipped and counted",
-    "EndpointRejected": "regenerate: a request the server refused, counted as a skip",
+    "EndpointRejected": "endpoint: a request the server refused, counted as a skip",
+    "Fault": "endpoint: a failed try of a request, tried again until --endpoint-patience ends",
+    "Stopped": "endpoint_pacing: another request gave up; this one ends and the first one's error is raised",
     "Skip": "warm_start: a part of the layer that does not fit, named in one line and left out",
 }
 

@@ -22,7 +22,8 @@ from eagle3cli.data.estimates import bytes_per_token
 from eagle3cli.data.features import FeatureStore
 from eagle3cli.data.gen_data import run
 from eagle3cli.data.gen_errors import GenDataError
-from eagle3cli.data.regenerate import Endpoint, GenSettings, regenerate_endpoint, strip_meta
+from eagle3cli.data.endpoint import Endpoint, regenerate_endpoint
+from eagle3cli.data.regenerate import GenSettings, strip_meta
 from eagle3cli.model.target import TargetSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -381,7 +382,7 @@ def test_endpoint_regeneration(fake_server):
 
 def test_endpoint_gives_up_with_a_clear_error():
     ep = Endpoint("http://127.0.0.1:9", retries=1, timeout=2)  # nothing listens on port 9
-    from eagle3cli.data.regenerate import EndpointError
+    from eagle3cli.data.endpoint import EndpointError
 
     with pytest.raises(EndpointError, match=r"127.0.0.1:9/v1/models failed after 2 tries"):
         ep.resolve_model()
