@@ -154,8 +154,8 @@ class Throttle:
             if tell:
                 self.last_said = now
         if tell and self.say:
-            self.say(f"server busy ({what}): {limit} requests in flight now (--concurrency {self.ceiling} "
-                     "again as it recovers)")
+            self.say(f"server busy ({what}): {limit} request{'s' if limit > 1 else ''} in flight now "
+                     f"(--concurrency {self.ceiling} again as it recovers)")
 
     def answered(self):
         with self.cond:
