@@ -30,9 +30,10 @@ def export_gguf(
                                              help="llama.cpp source tree with convert_hf_to_gguf.py "
                                                   "(default: $EAGLE3_LLAMA_CPP)."),
 ):
-    """Write the draft as a llama.cpp EAGLE-3 GGUF (llama-server -md ... --spec-type draft-eagle3)."""
+    """Write the draft as a llama.cpp GGUF (EAGLE-3: --spec-type draft-eagle3; DFlash: draft-dflash)."""
     from ..publish.export import METADATA_KEY, read_config
     from ..publish.gguf_export import export_gguf as run
+    from ..publish.gguf_export import serve_line
     from ..publish.inspector import inspect_draft
 
     rep = inspect_draft(draft_dir)
@@ -61,4 +62,4 @@ def export_gguf(
             typer.echo(f"{kind}\t{t}\t{path}")
     t = outtype[0]
     tg = written[t].get("target") or target_gguf or f"TARGET-{t}.gguf"
-    typer.echo(f"serve: llama-server -m {tg} -md {written[t]['draft']} --spec-type draft-eagle3 --spec-draft-n-max 3")
+    typer.echo(f"serve: {serve_line(draft_dir, tg, written[t]['draft'])}")

@@ -179,8 +179,17 @@ def check_options(draft_dir, cfg: dict | None = None):
                               "does not implement: llama.cpp would serve it wrongly; serve it with vLLM or SGLang")
 
 
+def is_dflash_draft(draft_dir) -> bool:
+    """A DFlash draft folder (``dflash_layout.is_dflash`` on its config.json)."""
+    from .dflash_layout import is_dflash
+    from .export import read_config
+
+    return is_dflash(read_config(draft_dir))
+
+
 def convert_draft(draft_dir, target_dir, out_file, outtype="f32", llama_cpp=None, log=None):
-    check_options(draft_dir)
+    if not is_dflash_draft(draft_dir):  # a DFlash draft: llama.cpp's conversion/qwen.py DFlashModel reads it all
+        check_options(draft_dir)
     return run_converter(draft_dir, out_file, outtype, target_dir=target_dir, llama_cpp=llama_cpp, log=log)
 
 
@@ -360,6 +369,10 @@ def export_gguf(draft_dir, out_dir, outtype: str = "f32", target_dir=None, targe
         files["target"], w = convert_target(target_dir, out / f"target-{outtype}.gguf", outtype, llama_cpp, log)
         warnings += w
     name = out / f"draft-{outtype}.gguf"
+    if conv is None and is_dflash_draft(draft_dir):
+        raise GGUFExportError(f"{draft_dir}: a DFlash draft is converted by llama.cpp's own convert_hf_to_gguf.py "
+                              "(it takes the target's tokenizer and the MASK id): pass --model DIR (the target's HF "
+                              "folder) and --llama-cpp DIR")
     if conv is not None:
         files["draft"], w = convert_draft(draft_dir, target_dir, name, outtype, llama_cpp, log)
         warnings += w
@@ -388,3 +401,15 @@ def read_gguf_summary(path) -> dict:
             keys[k] = None
     tensors = {t.name: (t.tensor_type.name, tuple(int(x) for x in t.shape)) for t in r.tensors}
     return {"keys": keys, "tensors": tensors}
+
+
+def serve_line(draft_dir, target_gguf, draft_gguf) -> str:
+    """llama-server's command for the draft: DFlash's type and its count of the block (at most B-1:
+    common/speculative.cpp clamps --spec-draft-n-max to it), or EAGLE-3's."""
+    if is_dflash_draft(draft_dir):
+        from .dflash_layout import block_size_of
+        from .export import read_config
+
+        n = block_size_of(read_config(draft_dir)) - 1
+        return f"llama-server -m {target_gguf} -md {draft_gguf} --spec-type draft-dflash --spec-draft-n-max {n}"
+    return f"llama-server -m {target_gguf} -md {draft_gguf} --spec-type draft-eagle3 --spec-draft-n-max 3"

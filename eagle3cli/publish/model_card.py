@@ -317,10 +317,15 @@ def template_text(name: str = TEMPLATE) -> str:
 
 def render_card(config: dict, repo_id: str, target: str | None, results: list[dict] = (),
                 license: str | None = None, gguf_files=(), target_config=None):
-    """The ModelCard (huggingface_hub) for a draft published as ``repo_id``."""
+    """The ModelCard (huggingface_hub) for a draft published as ``repo_id`` (a DFlash draft's through
+    ``dflash_card``: each engine's own count of its block)."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from .dflash_layout import is_dflash
+
     meta = config.get(METADATA_KEY) or {}
+    if is_dflash(config):
+        return _render_dflash(config, repo_id, target, results, license, gguf_files)
     license = license or meta.get("target_license") or meta.get("license")
     data = ModelCardData(
         base_model=target,
@@ -343,3 +348,20 @@ def render_card(config: dict, repo_id: str, target: str | None, results: list[di
         eval_rows=eval_rows(list(results)),
         training=training_rows(meta),
     )
+
+
+def _render_dflash(config: dict, repo_id: str, target: str | None, results, license, gguf_files):
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from . import dflash_card
+
+    v = dflash_card.card_values(config, repo_id, target, gguf_files)
+    meta = v.pop("meta")
+    license = license or meta.get("target_license") or meta.get("license")
+    data = ModelCardData(base_model=target, library_name=LIBRARY_NAME, tags=list(dflash_card.TAGS),
+                         license=license.lower() if license else None,
+                         datasets=list(meta["datasets"]) if meta.get("datasets") else None)
+    return ModelCard.from_template(
+        data, template_str=template_text(dflash_card.TEMPLATE), model_name=repo_id.split("/")[-1], target=target,
+        target_revision=meta.get("target_revision"), eval_rows=eval_rows(list(results)),
+        training=dflash_card.training_rows(meta, training_rows(meta)), **v)
