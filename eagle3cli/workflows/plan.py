@@ -88,6 +88,7 @@ class PlanFlags:
     val_fraction: float = 0.05  # of the conversations, at most val_max
     val_max: int = 40
     ttt_steps: int | None = None  # None: the depth the verification costs here make pay (choose_depth)
+    draft_type: str | None = None  # None: the family ahead at this training time (choose_draft_type)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Plan:
     eval_prompts: int
     seconds: dict = field(default_factory=dict)  # stage -> planned seconds
     ttt_steps: int = 3
+    draft_type: str = "eagle3"
     reasons: list[str] = field(default_factory=list)  # one line each: data, size, eval, total
 
     @property
@@ -152,6 +154,35 @@ DRAFT_STEP_SHARE = 0.07
 # only the ranking of the depths depends on it, and it barely changes between these values.
 QUICKSTART_ACC = 0.25
 MAX_DEPTH = 3
+
+
+# Eval tau (--tree auto, 10 mt_bench prompts) of each family's draft after (core-minutes of its training
+# loop, tau) on SmolLM2 and one store, at each family's CPU settings (EAGLE-3 as the quickstart trains it,
+# DFlash with blocks of 4): docs/benchmarks.md, "DFlash against EAGLE-3". The planner trains the family
+# ahead at the run's training time; DFlash was behind at every budget measured on a CPU.
+FAMILY_TAU = {"eagle3": ((1.55, 1.436), (17.4, 1.592)), "dflash": ((1.5, 1.305), (17.4, 1.250))}
+
+
+def _tau_at(points, minutes: float) -> float:
+    """Linear in log-minutes between the measured points, flat past either end."""
+    (m0, t0), (m1, t1) = points[0], points[-1]
+    if minutes <= m0:
+        return t0
+    if minutes >= m1:
+        return t1
+    w = math.log(minutes / m0) / math.log(m1 / m0)
+    return t0 + w * (t1 - t0)
+
+
+def choose_draft_type(train_core_minutes: float, f: PlanFlags) -> tuple[str, str]:
+    """The draft family whose measured tau is higher at this much training (core-minutes)."""
+    if f.draft_type is not None:
+        return f.draft_type, f"{f.draft_type} (as asked)"
+    tau = {k: _tau_at(v, train_core_minutes) for k, v in FAMILY_TAU.items()}
+    best = max(tau, key=tau.get)
+    other = min(tau, key=tau.get)
+    return best, (f"{best}: at ~{train_core_minutes:.0f} core-minutes of training its drafts reached tau "
+                  f"~{tau[best]:.2f} against {other}'s ~{tau[other]:.2f} (SmolLM2, docs/benchmarks.md)")
 
 
 def depth_gain(verify_s: dict, depth: int, acc: float = QUICKSTART_ACC) -> float:
@@ -265,7 +296,10 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
     room = budget * USE_OF_BUDGET - sum(fixed.values())
     n, steps = _sized(m, f, regenerate, max(1, _fit(m, f, regenerate, room)))
     seconds = {"measure": fixed.pop("measure"), **stage_seconds(m, f, regenerate, n, steps), **fixed}
-    plan = Plan(regenerate, n, steps, warmup_steps(f, steps), prompts, seconds, ttt_steps=f.ttt_steps)
+    train_core_min = seconds["train"] * m.threads / 60
+    family, family_why = choose_draft_type(train_core_min, f)
+    plan = Plan(regenerate, n, steps, warmup_steps(f, steps), prompts, seconds, ttt_steps=f.ttt_steps,
+                draft_type=family)
     given = [x for x, v in (("--max-samples", f.samples), ("--max-steps", f.steps)) if v is not None]
     epochs = f"{EPOCHS_REGENERATED} epochs" if regenerate else "each read once"
     plan.reasons = [
@@ -273,7 +307,7 @@ def make_plan(m: Measurements, f: PlanFlags) -> Plan:
         f"size: {n} conversations, {steps} steps of {f.max_tokens} tokens ({epochs}; "
         + (f"{' and '.join(given)} as given" if given else "the most that fit the budget") + ")",
         f"eval: {prompts} mt_bench prompt{'s' if prompts != 1 else ''}, both turns{eval_why}",
-        f"draft: {depth_why}",
+        f"draft: {family_why}" + (f"; {depth_why}" if family == "eagle3" else ""),
         "time: " + " + ".join(f"{k} {minutes_text(v)}" for k, v in seconds.items())
         + f" = {minutes_text(plan.total_s)} of the {f.budget_min:g}-minute budget",
     ]

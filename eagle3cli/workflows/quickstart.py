@@ -48,6 +48,9 @@ class QuickstartOptions:
     # at most 3, where TTT 3 reached a higher held-out acceptance than TTT 7 in half the CPU time
     # (docs/benchmarks.md, training ablation); 1 where only a depth-1 tree pays.
     ttt_steps: int | None = None
+    # None: the plan's, the family whose drafts measured ahead at the run's training time
+    # (plan.choose_draft_type); "eagle3" or "dflash" pins it.
+    draft_type: str | None = None
     max_tokens: int = 1024  # training tokens per optimizer step
     # Every position scored (train --loss-on all): the teacher is the target's own distribution at a
     # prompt position too, and a data-bound draft gains from the extra positions (docs/benchmarks.md).
@@ -121,6 +124,7 @@ def _gen_data(opts: QuickstartOptions, model: str, prompts: Path, log, minutes: 
     run(GenDataOptions(out=out, data=str(prompts), regenerate=opts.regenerate, max_new_tokens=opts.max_new_tokens,
                        max_length=opts.max_length, seed=opts.seed, batch_size=32, shard_size=shard,
                        features="offline" if opts.regenerate else "none", max_minutes=minutes,
+                       draft_type=opts.draft_type or "eagle3",
                        adapt_threads=True),
         TargetSpec(model=model))
     return out
@@ -147,6 +151,7 @@ def _train(opts: QuickstartOptions, model: str, data: Path, log, minutes: float 
     val_fraction = min(0.05, 40 / max(1, opts.samples))
     flags = dict(data=str(data), model=model, out=str(out), max_steps=opts.steps, epochs=1000,
                  draft_vocab_size=opts.draft_vocab_size, ttt_steps=opts.ttt_steps, max_length=opts.max_length,
+                 draft_type=opts.draft_type or "eagle3",
                  max_tokens=opts.max_tokens, lr=opts.lr, save_every=20, seed=opts.seed, resume=resume,
                  val_fraction=val_fraction,
                  eval_ttt_steps=7, loss_on=opts.loss_on, online=not opts.regenerate,
@@ -231,7 +236,8 @@ def _plan_flags(opts: QuickstartOptions):
 
     return PlanFlags(budget_min=opts.budget, regenerate=opts.regenerate, samples=opts.samples, steps=opts.steps,
                      eval_prompts=opts.eval_prompts, max_tokens=opts.max_tokens,
-                     ttt_warmup_share=opts.ttt_warmup_share, eval_tokens=opts.eval_tokens, ttt_steps=opts.ttt_steps)
+                     ttt_warmup_share=opts.ttt_warmup_share, eval_tokens=opts.eval_tokens, ttt_steps=opts.ttt_steps,
+                     draft_type=opts.draft_type)
 
 
 def _sample(opts: QuickstartOptions, n: int = 200) -> list:
@@ -288,6 +294,7 @@ def _size(opts: QuickstartOptions, model: str, started: float, log, plan_only: b
     opts.regenerate, opts.samples, opts.steps = p["regenerate"], p["conversations"], p["steps"]
     opts.eval_prompts = p["eval_prompts"]
     opts.ttt_steps = p.get("ttt_steps") or opts.ttt_steps or 3
+    opts.draft_type = p.get("draft_type") or opts.draft_type or "eagle3"
     return planned
 
 
@@ -301,7 +308,7 @@ def _minutes(planned: dict | None, stage: str, started: float) -> float | None:
         return None
     p = planned["plan"]
     plan = Plan(p["regenerate"], p["conversations"], p["steps"], p["warmup_steps"], p["eval_prompts"], p["seconds"],
-                ttt_steps=p.get("ttt_steps", 3))
+                ttt_steps=p.get("ttt_steps", 3), draft_type=p.get("draft_type", "eagle3"))
     return stage_minutes(Measurements(**planned["measurements"]), PlanFlags(**planned["flags"]), plan, stage,
                          time.perf_counter() - started)
 

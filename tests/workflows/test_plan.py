@@ -182,3 +182,14 @@ def test_the_quickstart_table_says_when_eval_measured_fewer_prompts_than_planned
     res = {"tasks": {"mt_bench": {"num_prompts": 2}}, "time_limit": {"minutes": 1.5, "prompts": {"mt_bench": [2, 8]}}}
     assert eval_prompts_cell(res, 4).startswith("2 of 4 planned: the eval's time limit (1.5 min) came first")
     assert eval_prompts_cell({"tasks": {"mt_bench": {"num_prompts": 6}}}, 4) == "6"
+
+
+def test_the_draft_family_is_the_one_measured_ahead_at_the_training_time():
+    from eagle3cli.workflows.plan import FAMILY_TAU, choose_draft_type
+
+    family, why = choose_draft_type(10.0, PlanFlags())
+    ahead = max(FAMILY_TAU, key=lambda k: FAMILY_TAU[k][-1][1])
+    assert family == ahead and why.startswith(f"{ahead}: at ~10 core-minutes")
+    assert choose_draft_type(10.0, PlanFlags(draft_type="dflash")) == ("dflash", "dflash (as asked)")
+    plan = make_plan(FAST, PlanFlags(budget_min=20))
+    assert plan.draft_type == ahead and any(r.startswith(f"draft: {ahead}: ") for r in plan.reasons)
