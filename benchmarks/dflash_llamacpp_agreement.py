@@ -11,7 +11,8 @@ The GGUFs come from `eagle3 export-gguf DRAFT --model TARGET --llama-cpp DIR --w
 text, tokenized by llama.cpp itself); it prints n_drafted and n_accept. Ours: the same text
 tokenized by the HF tokenizer, ``speculative_generate`` with a chain of K block tokens, fp32, the
 target's HF forward. A prompt agrees when both generate the same text (llama.cpp decodes one token
-more than -n: ours must be inside its output) and accept the same number of drafted tokens. One thread each; run it under the heavy-job lock.
+more than -n: ours must be inside its output) and accept the same number of drafted tokens. One
+thread each; run it under the heavy-job lock.
 """
 
 from __future__ import annotations
