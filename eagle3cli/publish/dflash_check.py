@@ -431,7 +431,10 @@ def inspect_dflash(draft_dir: str | Path, config: dict, target_config=None) -> t
         problems += [p for p in target_problems(config, target_config) if p not in problems]
         summary["target_layers"] = int(text_config(target_config).num_hidden_layers)
     ok = not problems
-    summary["reads_correctly"] = {e: ok for e in ("vllm", "sglang", "llama.cpp")}
+    # speculators' layout is read by vLLM alone (its speculators config, update_dflash); SGLang would find
+    # no target_layer_ids there (and take its default layers), llama.cpp's converter no Qwen3 fields
+    only_vllm = layout == "speculators"
+    summary["reads_correctly"] = {e: ok and (e == "vllm" or not only_vllm) for e in ("vllm", "sglang", "llama.cpp")}
     return problems, summary
 
 

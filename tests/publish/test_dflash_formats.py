@@ -177,6 +177,8 @@ def test_undamaged_drafts_pass_in_both_layouts_with_each_engines_count(tmp_path)
                                                      "speculative_num_draft_tokens": 8},
                                           "llama.cpp": {"spec_type": "draft-dflash", "spec_draft_n_max": 7}}
         assert rep.summary["layers_j"] == [2, 4, 6] and rep.summary["layers_output"] == [1, 3, 5]
+        spec = rep.summary["format"] == "dflash-speculators"  # vLLM alone reads speculators' layout
+        assert rep.summary["reads_correctly"] == {"vllm": True, "sglang": not spec, "llama.cpp": not spec}
 
 
 def _zlab_block_disagrees(c):
