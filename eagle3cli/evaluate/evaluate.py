@@ -42,9 +42,9 @@ def evaluate_spec(spec, tokenizer, draft_for, cfg: EvalConfig, progress=None, lo
     ``draft_for(target)``): under ``--dtype auto``, once more in float32 if bf16 fails its check."""
     import dataclasses
 
-    from ..model.target import load_target
+    from ..model.target import load_config, load_target
 
-    dtype = eval_dtype(spec, cfg)
+    dtype = eval_dtype(spec, cfg, load_config(spec))
     if dtype != spec.dtype:
         log(f"--dtype auto: {dtype} (this CPU has AMX: verifying several tokens costs little more than one)")
     while True:

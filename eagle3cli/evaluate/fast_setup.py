@@ -123,19 +123,23 @@ def pack_drafter(drafter, settings, log=print) -> dict | None:
     return tuned
 
 
-def eval_dtype(spec, cfg: EvalConfig) -> str:
+def eval_dtype(spec, cfg: EvalConfig, config=None) -> str:
     """What ``--dtype auto`` loads the target in for our generator: bfloat16 on a CPU with AMX when
     the fast path verifies greedily there (a 16-row verification costs 1.3x one row in bf16 against
     1.6x in fp32: docs/benchmarks.md, "Verification cost"), else what auto means for every command
     (bf16 on a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it
-    fails, eval reloads the target in fp32."""
+    fails, eval reloads the target in fp32. A target the fast path does not take (``config``'s
+    family or sliding windows) verifies through the HF forward, whose bf16 rows are not those of
+    one-token decoding: fp32 there."""
     from ..core.hardware import has_amx_bf16
+    from ..decode.fast_target import FAST_PATH_TYPES, config_unsupported_reason
     from ..model.target import default_device
 
     if spec.dtype != "auto" or spec.load_in_8bit or spec.load_in_4bit or spec.gguf_file:
         return spec.dtype
     cpu = (spec.device or default_device()).startswith("cpu")
-    if cpu and cfg.fast != "off" and cfg.temperature == 0 and has_amx_bf16():
+    fast = config is None or config_unsupported_reason(config, FAST_PATH_TYPES) is None
+    if cpu and fast and cfg.fast != "off" and cfg.temperature == 0 and has_amx_bf16():
         return "bfloat16"
     return "auto"
 

@@ -180,6 +180,13 @@ def test_eval_dtype_auto_takes_bf16_on_amx_cpus_for_greedy_fast_verification(mon
     assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], fast="off")) == "auto"
     assert eval_dtype(TargetSpec(model="m", device="cpu"), EvalConfig(tasks=[], temperature=0.7)) == "auto"
     assert eval_dtype(TargetSpec(model="m", device="cpu", load_in_8bit=True), greedy) == "auto"
+    # a target the fast path does not take verifies on the HF forward, not row-invariant in bf16
+    from transformers import LlamaConfig, MistralConfig
+
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy, LlamaConfig()) == "bfloat16"
+    windowed = MistralConfig(sliding_window=8, use_sliding_window=True)
+    windowed.use_sliding_window = True
+    assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy, windowed) == "auto"
     monkeypatch.setattr(hardware, "has_amx_bf16", lambda: False)
     assert eval_dtype(TargetSpec(model="m", device="cpu"), greedy) == "auto"
 
