@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3cli.data.chat_mask import exact_answer_labels, tokenize_conversation
-from eagle3cli.data.gen_errors import GenDataError
 from eagle3cli.data.endpoint import Endpoint, regenerate_endpoint
+from eagle3cli.data.gen_errors import GenDataError
 from eagle3cli.data.regenerate import GenSettings, prompt_turns
 from eagle3cli.data.samples import build_sample, conversation_samples, reasoning_kwargs
 from eagle3cli.data.sources import Conversation, load_conversations

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from eagle3cli.cli import app
 from eagle3cli.config.options import GenDataOptions
 from eagle3cli.data.chat_mask import chat_template, exact_answer_labels, tokenize_conversation
+from eagle3cli.data.endpoint import Endpoint, regenerate_endpoint
 from eagle3cli.data.estimates import bytes_per_token
 from eagle3cli.data.features import FeatureStore
 from eagle3cli.data.gen_data import run
 from eagle3cli.data.gen_errors import GenDataError
-from eagle3cli.data.endpoint import Endpoint, regenerate_endpoint
 from eagle3cli.data.regenerate import GenSettings, strip_meta
 from eagle3cli.model.target import TargetSpec
 
