@@ -51,7 +51,7 @@ def _model_type(flags: dict) -> str | None:
 
 @flags_from(TrainConfig, extra=_EXTRA, unset=True)
 def train(**kwargs):
-    """Train an EAGLE-3 draft with training-time test on a gen-data feature store."""
+    """Train an EAGLE-3 draft (training-time test) or a DFlash draft (--draft-type dflash) on a gen-data store."""
     from ..config.train_config import resolve
 
     recipe = kwargs.pop("recipe")
