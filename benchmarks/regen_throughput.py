@@ -15,6 +15,11 @@ of one new token after a prefix of the mean first-prompt length) on the same slo
 what generation would cost if every step were full and prefills were free. ``--static-only``
 and ``--skip-static`` run one side.
 
+``--one-at-a-time R``: instead, continuous batching with ``batch-size`` slots against the same
+regeneration one conversation at a time (one slot: greedy decoding of each conversation alone),
+alternated R rounds in one process; medians, the per-round ratio, and whether every conversation
+came out token for token the same (fp32 on the native kernels: it must).
+
 ``--regen-dtype`` is gen-data's: auto computes an fp32 target's regeneration in bfloat16 on a CPU
 with native bf16 matmuls (AVX512-BF16 or AMX). ``--agreement N`` measures how faithful such answers are to the
 target at its own dtype: teacher-forced on the first N first-turn answers, how often its greedy token is the
@@ -72,6 +77,33 @@ def agreement(model, tok, conversations) -> tuple[float, int]:
     return hits / max(1, total), total
 
 
+def one_at_a_time(model, tok, msgs, settings: GenSettings, stops, rounds: int) -> None:
+    """Generated tokens/s of continuous batching against one slot, alternated ``rounds`` times."""
+    import dataclasses
+    import statistics
+
+    from eagle3cli.decode import native
+
+    sides = {f"{settings.batch_size} slots": settings, "one at a time": dataclasses.replace(settings, batch_size=1)}
+    rates = {k: [] for k in sides}
+    answers = {}
+    for r in range(rounds):
+        for name, st in sides.items():
+            t0 = time.perf_counter()
+            answers[name], stats = regenerate_local(model, tok, msgs, st, stops, continuous=True)
+            rates[name].append(stats.generated_tokens / (time.perf_counter() - t0))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f} tokens/s" for k, v in rates.items()), flush=True)
+    (a, ra), (b, rb) = rates.items()
+    same = sum(x == y for x, y in zip(answers[a], answers[b]))
+    print(f"\n{len(msgs)} conversations, {stats.answers} answers, {stats.generated_tokens} tokens a run, "
+          f"max_new_tokens {settings.max_new_tokens}, {torch.get_num_threads()} threads, regeneration in "
+          f"{settings.dtype}, native kernels: {native.status()}; medians of {rounds} alternated rounds\n")
+    print("| decoding | generated tokens/s | x one at a time |\n|---|---|---|")
+    for name, ts in rates.items():
+        print(f"| {name} | {statistics.median(ts):.1f} | {statistics.median([x / y for x, y in zip(ts, rb)]):.2f} |")
+    print(f"\nconversations token for token the same: {same}/{len(msgs)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -87,6 +119,8 @@ def main():
                     help="teacher-force the target at --dtype on the first N first-turn answers and print how "
                          "often its greedy token is the regenerated one")
     ap.add_argument("--skip-static", action="store_true", help="only continuous batching")
+    ap.add_argument("--one-at-a-time", type=int, default=0, metavar="R",
+                    help="continuous batching against one slot, alternated R rounds (no static loop)")
     ap.add_argument("--static-only", action="store_true", help="only the static-batch loop")
     args = ap.parse_args()
     if args.threads:
@@ -106,6 +140,8 @@ def main():
     settings = GenSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_length=args.max_length,
                            dtype=dtype)
     stops = end_of_turn_ids(tok) | {tok.eos_token_id}
+    if args.one_at_a_time:
+        return one_at_a_time(model, tok, msgs, settings, stops, args.one_at_a_time)
     sides = [("continuous", True), ("static", False)]
     if args.skip_static:
         sides = sides[:1]

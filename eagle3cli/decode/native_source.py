@@ -239,8 +239,9 @@ static inline v16 vexp(v16 x) {
 
 /* one query head over its keys: scores, their softmax, the weighted sum of values (hd a multiple
    of 16): q and the output held in vectors, the exponentials 16 at a time */
-static inline void head_v(const float* q, const float* K, const float* V, const unsigned char* may, long last,
-                          long hd, float scale, float* sc, float* o) {
+static inline __attribute__((always_inline)) void head_v(const float* q, const float* K, const float* V,
+                                                         const unsigned char* may, long last, long hd, float scale,
+                                                         float* sc, float* o) {
     long nv = hd / 16;
     v16 qv[MAX_HD16], acc[MAX_HD16], z = {0};
     for (long k = 0; k < nv; k++) { qv[k] = ld(q + 16 * k); acc[k] = z; }
@@ -272,6 +273,15 @@ static inline void head_v(const float* q, const float* K, const float* V, const 
     }
     for (long k = 0; k < nv; k++) memcpy(o + 16 * k, &acc[k], 64);
 }
+
+/* head_v for the common head dims, their vector count a constant: q and the output stay in
+   registers, unrolled (with the count known only at run time they went through memory on every
+   key: on AVX2, where each 16-lane vector is two, a 4-row SmolLM2 layer's attention took 145 us
+   against 33 on AVX-512). The same operations in the same order as head_v's. */
+static void head_v64(const float* q, const float* K, const float* V, const unsigned char* may, long last,
+                     float scale, float* sc, float* o) { head_v(q, K, V, may, last, 64, scale, sc, o); }
+static void head_v128(const float* q, const float* K, const float* V, const unsigned char* may, long last,
+                      float scale, float* sc, float* o) { head_v(q, K, V, may, last, 128, scale, sc, o); }
 
 /* the same for any head dim, one key and one element at a time */
 static inline void head_scalar(const float* q, const float* K, const float* V, const unsigned char* may,
@@ -336,7 +346,9 @@ void eagle3_attend(float* qkv, long n, const long* pos, const float* cos, const 
         const float* q = qkv + i * nq + h * hd;
         const float *K = k + i * stride + (h / group) * P * hd, *V = v + i * stride + (h / group) * P * hd;
         float* o = out + i * nh * hd + h * hd;
-        if (hd % 16 == 0 && hd <= 16 * MAX_HD16) head_v(q, K, V, may, last, hd, scale, sc, o);
+        if (hd == 64) head_v64(q, K, V, may, last, scale, sc, o);
+        else if (hd == 128) head_v128(q, K, V, may, last, scale, sc, o);
+        else if (hd % 16 == 0 && hd <= 16 * MAX_HD16) head_v(q, K, V, may, last, hd, scale, sc, o);
         else head_scalar(q, K, V, may, last, hd, scale, sc, o);
     }
 }
