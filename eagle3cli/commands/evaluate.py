@@ -25,7 +25,8 @@ def evaluate(**flags):
         server_bin = find_binary(llama_cpp=opts.llama_cpp)  # before any model is loaded
         grid = EngineGrid.from_options(opts)  # types asked for are converted even beside a given file
         check_conversion(opts.model, None if grid.target_types else opts.target_gguf,
-                         None if grid.draft_types else opts.draft_gguf, opts.llama_cpp)
+                         None if grid.draft_types else opts.draft_gguf, opts.llama_cpp,
+                         dflash=draft_type(opts.draft) == "dflash")
     spec = TargetSpec.of(opts)
     if opts.engine == "vllm":  # no vLLM there, or a family vLLM refuses: one line before anything runs
         from ..evaluate.vllm_eval import check_python, check_target
@@ -81,22 +82,18 @@ def _run_ours(opts: EvalOptions, spec) -> dict:
 
 
 def draft_type(draft_dir) -> str:
-    """The draft family a draft folder's config.json names: ``dflash`` for a DFlash draft (z-lab's
-    ``dflash_config`` / ``DFlashDraftModel``, speculators' ``speculators_model_type``, or ours), else
-    ``eagle3`` (every EAGLE-3 format eval reads)."""
+    """The draft family a draft folder's config.json names (``publish.dflash_layout.draft_type_of``:
+    ``dflash`` for z-lab's, speculators' or our DFlash layout, else ``eagle3``); ``eagle3`` where
+    there is no readable config.json, so that the EAGLE-3 readers say what is wrong with the folder."""
     import json
 
-    path = Path(draft_dir) / "config.json"
+    from ..publish.dflash_layout import draft_type_of
+
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads((Path(draft_dir) / "config.json").read_text())
     except (OSError, ValueError):
-        return "eagle3"  # the EAGLE-3 readers say what is wrong with the folder
-    if not isinstance(raw, dict):
         return "eagle3"
-    archs = raw.get("architectures") or []
-    dflash = (raw.get("draft_type") == "dflash" or "dflash_config" in raw
-              or raw.get("speculators_model_type") == "dflash" or "DFlashDraftModel" in archs)
-    return "dflash" if dflash else "eagle3"
+    return draft_type_of(raw)
 
 
 def _run_dflash(opts: EvalOptions, spec, cfg, target_config) -> dict:
@@ -158,8 +155,10 @@ def _run_engine(opts: EvalOptions, spec, server_bin, grid) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop llama-server too when killed
     loaded = [load_task(t, opts.data, opts.limit) for t in opts.task]
     targets, drafts = grid_files(grid, opts.draft, spec.model, Path(opts.out) / "gguf", opts.llama_cpp, log=say)
+    spec_type = "draft-dflash" if draft_type(opts.draft) == "dflash" else "draft-eagle3"
     return sweep(loaded, load_tokenizer(spec), server_bin, targets, drafts, grid.n_max, grid.p_min,
-                 max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say)
+                 max_new_tokens=opts.max_new_tokens, threads=opts.engine_threads, log_dir=Path(opts.out), log=say,
+                 spec_type=spec_type)
 
 
 def _run_vllm(opts: EvalOptions, spec) -> dict:

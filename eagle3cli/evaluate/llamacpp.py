@@ -1,8 +1,9 @@
-"""llama.cpp as an evaluation engine: plain vs EAGLE-3 speculative decoding in ``llama-server``.
+"""llama.cpp as an evaluation engine: plain vs speculative decoding (EAGLE-3 or DFlash) in ``llama-server``.
 
 ``eagle3 eval --engine llama.cpp`` starts ``llama-server`` on a target GGUF, once plain and once
-per setting with the draft GGUF (``-md DRAFT --spec-type draft-eagle3 --spec-draft-n-max K``;
-which settings: llamacpp_sweep.py), sends the same prompts as token ids (our tokenizer and chat
+per setting with the draft GGUF (``-md DRAFT --spec-type draft-eagle3 --spec-draft-n-max K``, or
+``--spec-type draft-dflash`` for a DFlash draft, whose GGUF llama.cpp's own converter writes with
+the target's folder; which settings: llamacpp_sweep.py), sends the same prompts as token ids (our tokenizer and chat
 template, so both engines see the same tokens) to ``POST /completion`` greedily, and reads the
 engine's own counts. This module is one server and one pass over the prompts.
 
@@ -71,9 +72,10 @@ def missing_modules(modules=CONVERTER_MODULES) -> list[str]:
     return [pip for mod, pip in modules if absent(mod)]
 
 
-def check_conversion(target: str, target_gguf=None, draft_gguf=None, llama_cpp=None) -> None:
+def check_conversion(target: str, target_gguf=None, draft_gguf=None, llama_cpp=None, dflash: bool = False) -> None:
     """Before any model is loaded: that the GGUFs not given can be made here (the converter and
-    the modules it imports), else one line that says what to install or pass."""
+    the modules it imports; for a DFlash draft the converter and the target's folder, which it reads
+    for the tokenizer and the MASK id), else one line that says what to install or pass."""
     from ..publish.gguf_export import _no_converter, find_converter
 
     if target_gguf is not None and draft_gguf is not None:
@@ -84,6 +86,11 @@ def check_conversion(target: str, target_gguf=None, draft_gguf=None, llama_cpp=N
     conv = find_converter(llama_cpp) if local else None
     if target_gguf is None and conv is None:
         raise LlamaCppError(str(_no_converter(llama_cpp)))
+    if dflash and draft_gguf is None and conv is None:  # no gguf-package fallback for DFlash (gguf_export)
+        if not local:
+            raise LlamaCppError(f"a DFlash draft's GGUF is written by llama.cpp's converter from the target's HF "
+                                f"folder, and {target} is not one: pass --model DIR or --draft-gguf FILE")
+        raise LlamaCppError(f"{_no_converter(llama_cpp)}; it writes a DFlash draft's GGUF (or pass --draft-gguf FILE)")
     missing = missing_modules(CONVERTER_MODULES if conv is not None else GGUF_MODULES)
     if missing:
         raise LlamaCppError(f"writing GGUF files needs {', '.join(missing)}, which this Python lacks: {EXTRA} "
@@ -120,6 +127,7 @@ class Server:
     binary: Path
     model: Path
     draft: Path | None = None
+    spec_type: str = "draft-eagle3"  # llama.cpp's name of the draft family: draft-dflash for a DFlash draft
     n_max: int = 3
     p_min: float = 0.0
     threads: int | None = None
@@ -137,7 +145,7 @@ class Server:
         if self.threads:
             a += ["-t", str(self.threads)]
         if self.draft is not None:
-            a += ["-md", str(self.draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(self.n_max),
+            a += ["-md", str(self.draft), "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.n_max),
                   "--spec-draft-p-min", str(self.p_min)]
             if self.threads_draft:
                 a += ["-td", str(self.threads_draft)]

@@ -86,6 +86,7 @@ class _Servers:
     ctx: int
     log_dir: Path | None
     single: bool
+    spec_type: str = "draft-eagle3"
 
     def _log(self, name: str) -> Path | None:
         return self.log_dir / f"llama-server-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.log" if self.log_dir else None
@@ -95,23 +96,25 @@ class _Servers:
                       log_path=self._log("plain" if self.single else f"plain-{t}"))
 
     def spec(self, t: str, model: Path, d: str, draft: Path, n: int, p: float) -> Server:
-        return Server(self.binary, model, draft=draft, n_max=n, p_min=p, threads=self.threads,
-                      threads_draft=self.threads_draft, ctx=self.ctx,
+        return Server(self.binary, model, draft=draft, spec_type=self.spec_type, n_max=n, p_min=p,
+                      threads=self.threads, threads_draft=self.threads_draft, ctx=self.ctx,
                       log_path=self._log("spec" if self.single else f"spec-{t}-{d}-n{n}-p{p:g}"))
 
 
 def sweep(loaded, tokenizer, binary: Path, targets: dict[str, Path], drafts: dict[str, Path], n_max=(3,),
           p_min=(0.0,), *, max_new_tokens: int = 512, threads: int | None = None, threads_draft: int | None = None,
-          ctx: int = 4096, warmup_tokens: int = 16, log_dir: Path | None = None, log=print, progress=None) -> dict:
+          ctx: int = 4096, warmup_tokens: int = 16, log_dir: Path | None = None, log=print, progress=None,
+          spec_type: str = "draft-eagle3") -> dict:
     """Every setting of (target, draft, draft length, p-min) on the same prompts; the ``engine``
-    section of results.json. ``loaded``: [(task, [Prompt])] as tasks.load_task returns."""
+    section of results.json. ``loaded``: [(task, [Prompt])] as tasks.load_task returns;
+    ``spec_type``: llama.cpp's ``--spec-type`` of the draft (draft-dflash for a DFlash draft)."""
     log_dir = Path(log_dir) if log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
     order = sorted(targets, key=lambda t: t != "f32")  # f32 first: the others' tau is read against it
     rest = list(product(drafts, n_max, p_min))
     total = len(order) * len(rest)
-    srv = _Servers(Path(binary), threads, threads_draft, ctx, log_dir, single=total == 1)
+    srv = _Servers(Path(binary), threads, threads_draft, ctx, log_dir, single=total == 1, spec_type=spec_type)
     if total > 1:
         answers = sum(len(p.turns) for _, ps in loaded for p in ps)
         log(f"llama.cpp sweep: {total} settings ({len(order)} targets x {len(drafts)} drafts x {len(n_max)} "
@@ -137,7 +140,7 @@ def sweep(loaded, tokenizer, binary: Path, targets: dict[str, Path], drafts: dic
             clock.tick()
             left = f" (about {clock.left_min():.1f} min left)" if total > 1 and clock.runs < clock.of else ""
             log(setting_line(len(records), total, records[-1]) + left)
-    return _section(binary, records, best_setting(records), threads, threads_draft, max_new_tokens)
+    return _section(binary, records, best_setting(records), threads, threads_draft, max_new_tokens, spec_type)
 
 
 class _Clock:
@@ -201,7 +204,8 @@ def setting_line(i: int, total: int, r: dict) -> str:
             + ("same output as plain" if r["lossless"] else f"NOT lossless ({r['prompts_differ']} prompts differ)"))
 
 
-def _section(binary, records: list[dict], best: int | None, threads, threads_draft, max_new_tokens) -> dict:
+def _section(binary, records: list[dict], best: int | None, threads, threads_draft, max_new_tokens,
+             spec_type: str = "draft-eagle3") -> dict:
     top = records[best if best is not None else 0]
     return {
         "name": "llama.cpp",
@@ -209,7 +213,7 @@ def _section(binary, records: list[dict], best: int | None, threads, threads_dra
         "version": version(Path(binary)),
         "target_gguf": top["target_gguf"],
         "draft_gguf": top["draft_gguf"],
-        "settings": {"spec_type": "draft-eagle3", "spec_draft_n_max": top["spec_draft_n_max"],
+        "settings": {"spec_type": spec_type, "spec_draft_n_max": top["spec_draft_n_max"],
                      "spec_draft_p_min": top["spec_draft_p_min"], "threads": threads, "threads_draft": threads_draft,
                      "temperature": 0.0, "max_new_tokens": max_new_tokens, "target_type": top["target_type"],
                      "draft_type": top["draft_type"]},
