@@ -74,7 +74,9 @@ class TrainConfig(TargetOptions):
     online: bool = _f(False, "Run the target each batch (for stores made with gen-data --online).")
     allow_incomplete: bool = _f(False, "Train on a store whose gen-data run has not finished (shards missing).")
     init_from: str | None = _f(None, "Start from an existing draft (any format `eagle3 inspect` reads) "
-                                     "instead of random weights; its layers must match the store's.")
+                                     "instead of random weights; its layers must match the store's. A DFlash "
+                                     "draft (--draft-type dflash) also fixes --block-size and --draft-layers; its "
+                                     "layers and MASK id are taken unless --layers or --mask-token-id is given.")
     init_vocab: str = _f("keep", "With --init-from: keep its vocabulary (d2t, t2d, lm_head as they are) or "
                                  "new (built from this store; lm_head rows of shared tokens copied).",
                          choices=("keep", "new"))

@@ -119,8 +119,6 @@ class DFlashFamily:
         if set(warm_parts) - {"head"}:
             raise TrainError("--warm-start: a DFlash draft takes only head (its final norm from the target's; the "
                              "LM head is the target's already)")
-        if cfg.init_from:
-            raise TrainError("--init-from continues EAGLE-3 drafts only; DFlash drafts start from random weights")
         head = output_head(parts.head).weight.detach()
         mask_id = cfg.mask_token_id if cfg.mask_token_id >= 0 else default_mask_token(target_config, store)
         tc = text_config(target_config)
@@ -145,6 +143,13 @@ class DFlashFamily:
             with torch.no_grad():
                 draft.norm.weight.copy_(parts.warm["norm"].to(draft.norm.weight.dtype))
         parts.warm = None
+        if cfg.init_from:  # its settings agreed before the target was loaded (setup.check_init_from)
+            from ..core.errors import Eagle3Error
+            from .init_from import init_dflash
+            try:
+                draft = init_dflash(draft, cfg, target_config, say)
+            except Eagle3Error as e:
+                raise TrainError(f"--init-from: {e}") from None
         say(f"DFlash draft: {cfg.draft_layers} layer(s), blocks of {cfg.block_size} (MASK id {mask_id}), "
             f"{draft.num_parameters() / 1e6:.1f}M trainable parameters")
         return draft, None

@@ -173,18 +173,29 @@ def eval_refusal(target_config) -> str | None:
     return None
 
 
-def check_init_from(cfg: TrainConfig, target_config) -> None:
-    """A corrupted or unreadable --init-from is one line before the target is loaded."""
+def check_init_from(cfg: TrainConfig, target_config, store: FeatureStore | None = None) -> TrainConfig:
+    """A corrupted or unreadable --init-from, a draft of the other family, or a DFlash draft whose block,
+    depth, streams or MASK id differ from the run's, is one line before the target is loaded. Returns
+    ``cfg``, for a DFlash draft with its layers and MASK id where the run left them open
+    (init_from.dflash_settings)."""
     if not cfg.init_from:
-        return
-    from ..publish.draft_check import CorruptDraft
-    from ..publish.formats.common import FormatError
+        return cfg
+    from ..core.errors import Eagle3Error
     from ..publish.formats.readers import read_draft
+    from .init_from import dflash_settings, family_problem
 
     try:
-        read_draft(cfg.init_from, target_config=target_config)
-    except (FormatError, CorruptDraft) as e:
+        src, _ = read_draft(cfg.init_from, target_config=target_config)
+        problem = family_problem(cfg, src)
+        if problem:
+            raise TrainError(f"--init-from: {problem}")
+        if cfg.draft_type == "dflash":
+            return dflash_settings(cfg, src.config, target_config, store)
+    except TrainError:
+        raise
+    except Eagle3Error as e:  # FormatError, CorruptDraft, a DFlash folder without its weights
         raise TrainError(f"--init-from: {e}") from None
+    return cfg
 
 
 def build_draft(cfg: TrainConfig, store: FeatureStore, target_config, parts: TargetParts, warm_parts, say,

@@ -137,7 +137,7 @@ class Trainer:
                         revision=cfg.revision)
         except StoreError as e:
             raise TrainError(str(e)) from None
-        check_init_from(cfg, self.target_config)
+        self.cfg = cfg = check_init_from(cfg, self.target_config, self.store)  # a DFlash draft's layers, MASK id
         self.family, self.layer_ids, self.columns = family_setup(cfg, self.store, self.target_config)
         try:
             warm_parts = warm_start.parse_parts(cfg.warm_start)
