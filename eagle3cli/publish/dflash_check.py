@@ -60,6 +60,10 @@ INNER_KEYS = {"mask_token_id", "target_layer_ids", "block_size", "num_target_lay
 OTHER_ARCH_KEYS = {"attention_value_scale", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
                    "output_multiplier", "final_logit_softcapping", "input_embedding_scale", "swa_window_size",
                    "attention_sink_bias", "projector_type", "add_swa_attention_sink_bias"}
+# Keys SGLang 0.5.23 reads that change what it serves (speculative/dflash_utils.py parse_dflash_draft_config,
+# models/dflash.py): its Domino projector's dflash_config fields, and use_gemma_norm (GemmaRMSNorm: 1 + weight)
+SGLANG_INNER_KEYS = {"shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim"}
+SGLANG_KEYS = {"use_gemma_norm"}
 
 
 def qwen3_keys() -> set[str]:
@@ -254,14 +258,19 @@ def _unknown_keys(d: dict, layout: str) -> list[str]:
     known = (DFLASH_KEYS | qwen3_keys()) if layout == "zlab" else (DFLASH_KEYS | SPECULATORS_KEYS)
     out = [f"config.json: {k} is read by no engine ({ENGINES}): a misspelt key leaves the engine's default; "
            "remove or rename it" for k in d
-           if k not in known and k not in ("is_causal", "rope_is_neox_style", "is_neox_style",
-                                           "eagle_aux_hidden_state_layer_ids")]
+           if k not in known | SGLANG_KEYS and k not in ("is_causal", "rope_is_neox_style", "is_neox_style",
+                                                         "eagle_aux_hidden_state_layer_ids")]
+    out += [f"config.json: {k} makes SGLang build its norms as Gemma's (1 + weight); this draft's are plain "
+            "RMSNorm: remove it" for k in d if k in SGLANG_KEYS]
     inner = d.get("dflash_config")
     if isinstance(inner, dict):
         for k in inner:
             if k in OTHER_ARCH_KEYS:
                 out.append(f"config.json: dflash_config.{k} makes llama.cpp serve a DFlash variant this package does "
                            "not train; remove it")
+            elif k in SGLANG_INNER_KEYS:
+                out.append(f"config.json: dflash_config.{k} makes SGLang serve a DFlash variant this package does "
+                           "not train (its Domino projector); remove it")
             elif k not in INNER_KEYS | {"causal", "use_swa"}:
                 out.append(f"config.json: dflash_config.{k} is read by no engine ({ENGINES}): remove or rename it")
     elif inner is not None:
