@@ -21,6 +21,25 @@ typedef float v4 __attribute__((vector_size(16)));
 static inline v16 ld(const float* p) { return *(const v16*)p; }
 static inline v8 ld8(const float* p) { return *(const v8u*)p; }
 
+/* The build's vector (vt, VL lanes): a zmm on AVX-512, a ymm below it. Every loop runs on it, and
+   a 16-lane sum is NH of them side by side (their lanes the 16 lanes in order, each added in the
+   same order, so every width computes alike). GCC splits a 64-byte vector into halves on AVX2 but
+   moves its halves through the stack (vector compares, selects and conversions the worst): written
+   in v16 the AVX2 build's attention took about 2 ms a row of a SmolLM2 step, 10x AVX-512's. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef v16 vt;
+typedef int vti __attribute__((vector_size(64)));
+#define LDV ld
+#else
+#define VL 8
+typedef v8 vt;
+typedef int vti __attribute__((vector_size(32)));
+#define LDV ld8
+#endif
+#define NH (16 / VL)  /* vectors a 16-lane sum takes */
+static inline void stv(float* p, vt a) { memcpy(p, &a, sizeof a); }
+
 /* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
 static inline float reduce8(v8 s8) {
     v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
@@ -32,14 +51,32 @@ static inline float reduce1(v16 s) {
     return reduce8(l + h);
 }
 
+/* a 16-lane sum held as NH vectors, reduced as reduce1 reduces it */
+static inline float reduce_parts(const vt* a) {
+#if NH == 1
+    return reduce1(a[0]);
+#else
+    return reduce8(a[0] + a[1]);
+#endif
+}
+
 /* a . b over n floats (norms, attention): two 16-lane partial sums over alternating 16-element
    blocks, reduce, then the leftover elements one by one */
 static inline float dot(const float* a, const float* b, long n) {
-    v16 z = {0}, s = z, t = z;
+    vt z = {0}, s[NH], t[NH], u[NH];
+    for (int h = 0; h < NH; h++) s[h] = t[h] = z;
     long i = 0;
-    for (; i + 32 <= n; i += 32) { s += ld(a + i) * ld(b + i); t += ld(a + i + 16) * ld(b + i + 16); }
-    if (i + 16 <= n) { s += ld(a + i) * ld(b + i); i += 16; }
-    float r = reduce1(s + t);
+    for (; i + 32 <= n; i += 32)
+        for (int h = 0; h < NH; h++) {
+            s[h] += LDV(a + i + h * VL) * LDV(b + i + h * VL);
+            t[h] += LDV(a + i + 16 + h * VL) * LDV(b + i + 16 + h * VL);
+        }
+    if (i + 16 <= n) {
+        for (int h = 0; h < NH; h++) s[h] += LDV(a + i + h * VL) * LDV(b + i + h * VL);
+        i += 16;
+    }
+    for (int h = 0; h < NH; h++) u[h] = s[h] + t[h];
+    float r = reduce_parts(u);
     for (; i < n; i++) r += a[i] * b[i];
     return r;
 }
@@ -68,9 +105,6 @@ static inline float dot(const float* a, const float* b, long n) {
    matrix: a prefetch never faults, and reads nothing it cannot.) Each shape can be overridden at
    build time (-DEAGLE3_R1=.., -DEAGLE3_PF=..), for timing others. */
 #if defined(__AVX512F__)
-#define VL 16
-typedef v16 vt;
-#define LDV ld
 #define T_OR 8
 #define T_M 4
 #define T_R1 8
@@ -78,9 +112,6 @@ typedef v16 vt;
 #define T_R3 8
 #define T_R4 4
 #else
-#define VL 8
-typedef v8 vt;
-#define LDV ld8
 #define T_OR 4
 #define T_M 4
 #define T_R1 4
@@ -88,7 +119,6 @@ typedef v8 vt;
 #define T_R3 2
 #define T_R4 1
 #endif
-#define NH (16 / VL)  /* vectors a 16-lane sum takes */
 #ifndef EAGLE3_PF
 #define EAGLE3_PF 1  /* the prefetches' locality: 1 is prefetcht2 on x86 */
 #endif
@@ -119,14 +149,6 @@ typedef v8 vt;
 #if T_M < 1 || T_M > 4 || T_OR % T_R1 || T_OR % T_R2 || T_OR % T_R3 || T_OR % T_R4
 #error "tiles: 1 to 4 inputs, and OR a multiple of every R"
 #endif
-
-static inline float reduce_parts(const vt* a) {
-#if NH == 1
-    return reduce1(a[0]);
-#else
-    return reduce8(a[0] + a[1]);
-#endif
-}
 
 /* R weight rows at w (row stride cols) against M inputs at x; out[j * T_OR + r] */
 #define TILE(R, M)                                                                                   \
@@ -172,10 +194,12 @@ void eagle3_tiles(long* out) {
 
 /* one weight row against one input row, in the tiles' order (the rows after the last full tile) */
 static inline float dot_row(const float* w, const float* x, long cols) {
-    v16 a = {0};
+    vt z = {0}, a[NH];
+    for (int h = 0; h < NH; h++) a[h] = z;
     long c = 0;
-    for (; c + 16 <= cols; c += 16) a += ld(w + c) * ld(x + c);
-    float s = reduce1(a);
+    for (; c + 16 <= cols; c += 16)
+        for (int h = 0; h < NH; h++) a[h] += LDV(w + c + h * VL) * LDV(x + c + h * VL);
+    float s = reduce_parts(a);
     for (long t = c; t < cols; t++) s = fmaf(w[t], x[t], s);
     return s;
 }
@@ -205,61 +229,61 @@ NO_FMA static void rope(float* x, const float* cos, const float* sin, long heads
     }
 }
 
-/* e^x, 16 at a time: x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative
+/* e^x, VL at a time: x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative
    error below 1e-8, under float's rounding), times 2^k through the exponent bits. Below -87 (e^x
    under float's smallest normal) it returns 0; above 88 it returns e^88 (silu's use: g / (1 + e^-g)
    is then 0 to float's precision). expf one element at a time was a third of a head's attention
    and most of silu's time. */
-typedef int vi16 __attribute__((vector_size(64)));
-static inline v16 vsel(vi16 m, v16 a, v16 b) {  /* m ? a : b, lane by lane */
-    vi16 ai, bi;
-    memcpy(&ai, &a, 64); memcpy(&bi, &b, 64);
-    vi16 r = (ai & m) | (bi & ~m);
-    v16 out;
-    memcpy(&out, &r, 64);
+static inline vt vsel(vti m, vt a, vt b) {  /* m ? a : b, lane by lane */
+    vti ai, bi;
+    memcpy(&ai, &a, sizeof a); memcpy(&bi, &b, sizeof b);
+    vti r = (ai & m) | (bi & ~m);
+    vt out;
+    memcpy(&out, &r, sizeof out);
     return out;
 }
-static inline v16 vexp(v16 x) {
-    const v16 lo = {0}, magic = lo + 12582912.f;  /* 1.5 * 2^23: adding it rounds to an integer */
-    vi16 under = x < -87.f;
+static inline vt vexp(vt x) {
+    const vt lo = {0}, magic = lo + 12582912.f;  /* 1.5 * 2^23: adding it rounds to an integer */
+    vti under = x < -87.f;
     x = vsel(x > 88.f, lo + 88.f, x);
-    v16 t = x * 1.44269504f + magic;
-    v16 k = t - magic;
-    v16 r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;  /* ln2 in two parts */
-    v16 e = 1.f / 5040 + lo;
+    vt t = x * 1.44269504f + magic;
+    vt k = t - magic;
+    vt r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;  /* ln2 in two parts */
+    vt e = 1.f / 5040 + lo;
     e = e * r + 1.f / 720; e = e * r + 1.f / 120; e = e * r + 1.f / 24;
     e = e * r + 1.f / 6; e = e * r + 0.5f; e = e * r + 1.f; e = e * r + 1.f;
-    vi16 bits = (__builtin_convertvector(k, vi16) + 127) << 23;
-    v16 scale2;
-    memcpy(&scale2, &bits, 64);
+    vti bits = (__builtin_convertvector(k, vti) + 127) << 23;
+    vt scale2;
+    memcpy(&scale2, &bits, sizeof bits);
     return vsel(under, lo, e * scale2);
 }
 
 #define MAX_HD16 16  /* head dims up to 256 keep their output in registers */
 
 /* one query head over its keys: scores, their softmax, the weighted sum of values (hd a multiple
-   of 16): q and the output held in vectors, the exponentials 16 at a time */
+   of 16): q and the output held in vectors, each score a 16-lane sum, the exponentials VL at a time */
 static inline __attribute__((always_inline)) void head_v(const float* q, const float* K, const float* V,
                                                          const unsigned char* may, long last, long hd, float scale,
                                                          float* sc, float* o) {
-    long nv = hd / 16;
-    v16 qv[MAX_HD16], acc[MAX_HD16], z = {0};
-    for (long k = 0; k < nv; k++) { qv[k] = ld(q + 16 * k); acc[k] = z; }
+    long nv = hd / VL;
+    vt qv[MAX_HD16 * NH], acc[MAX_HD16 * NH], z = {0};
+    for (long k = 0; k < nv; k++) { qv[k] = LDV(q + VL * k); acc[k] = z; }
     float mx = -INFINITY;
     for (long t = 0; t < last; t++) {
         const float* kt = K + t * hd;
-        v16 s = qv[0] * ld(kt);
-        for (long k = 1; k < nv; k++) s += qv[k] * ld(kt + 16 * k);
-        float v = reduce1(s) * scale;
+        vt s[NH];
+        for (int h = 0; h < NH; h++) s[h] = qv[h] * LDV(kt + h * VL);
+        for (long k = NH; k < nv; k++) s[k % NH] += qv[k] * LDV(kt + VL * k);
+        float v = reduce_parts(s) * scale;
         sc[t] = v;
         if ((!may || may[t]) && v > mx) mx = v;
     }
     long t = 0;
-    for (; t + 16 <= last; t += 16) *(v16*)(sc + t) = vexp(ld(sc + t) - mx);
+    for (; t + VL <= last; t += VL) stv(sc + t, vexp(LDV(sc + t) - mx));
     if (t < last) {
-        float tail[16];
-        for (long j = 0; j < 16; j++) tail[j] = t + j < last ? sc[t + j] - mx : -INFINITY;
-        v16 e = vexp(ld(tail));
+        float tail[VL];
+        for (long j = 0; j < VL; j++) tail[j] = t + j < last ? sc[t + j] - mx : -INFINITY;
+        vt e = vexp(LDV(tail));
         memcpy(sc + t, &e, (last - t) * sizeof(float));
     }
     float sum = 0.f;
@@ -268,10 +292,10 @@ static inline __attribute__((always_inline)) void head_v(const float* q, const f
     for (t = 0; t < last; t++) {
         if (may && !may[t]) continue;
         float pt = sc[t] * inv;
-        const float* vt = V + t * hd;
-        for (long k = 0; k < nv; k++) acc[k] += pt * ld(vt + 16 * k);
+        const float* vrow = V + t * hd;
+        for (long k = 0; k < nv; k++) acc[k] += pt * LDV(vrow + VL * k);
     }
-    for (long k = 0; k < nv; k++) memcpy(o + 16 * k, &acc[k], 64);
+    for (long k = 0; k < nv; k++) stv(o + VL * k, acc[k]);
 }
 
 /* head_v for the common head dims, their vector count a constant: q and the output stay in
@@ -407,16 +431,15 @@ void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, 
     eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
     eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);
-    /* silu(gate) * up, 16 elements at a time (vexp), rows split over the threads */
+    /* silu(gate) * up, VL elements at a time (vexp), rows split over the threads */
     #pragma omp parallel for schedule(static) num_threads(threads) if (n > 1)
     for (long i = 0; i < n; i++) {
         const float *g = gu + i * 2 * inter, *up = g + inter;
         float* hi = h + i * inter;
         long j = 0;
-        for (; j + 16 <= inter; j += 16) {
-            v16 gv = ld(g + j);
-            v16 a = gv / (1.f + vexp(-gv)) * ld(up + j);
-            memcpy(hi + j, &a, 64);
+        for (; j + VL <= inter; j += VL) {
+            vt gv = LDV(g + j);
+            stv(hi + j, gv / (1.f + vexp(-gv)) * LDV(up + j));
         }
         for (; j < inter; j++) hi[j] = g[j] / (1.f + expf(-g[j])) * up[j];
     }
