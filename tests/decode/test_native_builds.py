@@ -65,6 +65,30 @@ def test_avx2_verification_is_bitwise_one_token_decoding(avx2_build, arch):
     assert all(row_invariant(fast, rows) for rows in (2, 3, 4, 5, 8, native.MAX_ROWS))
 
 
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_the_avx2_build_decodes_bitwise_as_this_cpus_build(avx2_build, head_dim):
+    """A whole step (norms, RoPE, attention and its exponentials, silu, the matmuls) on the AVX2 build
+    gives bitwise the logits of this CPU's own build, one row at a time and four at once: every loop
+    adds the same lanes in the same order on either vector width (head dim 16: the generic
+    attention; 64: the one specialised for SmolLM2's heads)."""
+    from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget
+    from tests.helpers.tiny import tiny_model
+
+    model = tiny_model("llama", hidden_size=128, intermediate_size=192, num_attention_heads=128 // head_dim,
+                       num_key_value_heads=max(1, 32 // head_dim))
+    ids = torch.randint(0, 256, (41,), generator=torch.Generator().manual_seed(head_dim))
+
+    def steps():
+        fast = FastTarget(model, 64, packed_rows=(NATIVE, ONEDNN))
+        assert fast._native_layers(1) and fast._native_layers(4)
+        out = [fast.forward(ids[i:i + 1], torch.tensor([i]), i)[0] for i in range(37)]
+        return torch.cat(out + [fast.forward(ids[37:], torch.arange(37, 41), 37)[0]])
+
+    avx2 = steps()
+    native.use()
+    assert torch.equal(steps(), avx2)
+
+
 def test_the_march_comes_from_the_environment_and_a_bad_one_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
     monkeypatch.delenv(native.MARCH_ENV, raising=False)
