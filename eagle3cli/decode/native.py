@@ -179,10 +179,17 @@ def _load(march: str) -> tuple:
         path = library_path(cc, march)
         if not path.exists():
             _build(cc, path, march)
-        lib = ctypes.CDLL(str(path))
-        fn, attend, layer, shapes = lib.eagle3_gemv_f32, lib.eagle3_attend, lib.eagle3_layer, lib.eagle3_tiles
+        fn, attend, layer, tiles = bind(ctypes.CDLL(str(path)), march)
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
         return None, None, None, None, f"not built: {e}"
+    where = "" if march == "native" else f", -march={march}"
+    return fn, attend, layer, tiles, f"built with {cc} ({path.name}{where})"
+
+
+def bind(lib: ctypes.CDLL, march: str) -> tuple:
+    """(matmul, attend, layer, tiles) of a loaded build of the source, their argument types set
+    (benchmarks/layer_stages.py binds a build of its own with it)."""
+    fn, attend, layer, shapes = lib.eagle3_gemv_f32, lib.eagle3_attend, lib.eagle3_layer, lib.eagle3_tiles
     ptr, long = ctypes.c_void_p, ctypes.c_long
     fn.argtypes = [ptr] * 3 + [long] * 3 + [ptr, ptr, ctypes.c_int]
     attend.argtypes = ([ptr, long] + [ptr] * 5 + [long, long, long, ptr, long, long, long, ctypes.c_float, ptr,
@@ -196,8 +203,7 @@ def _load(march: str) -> tuple:
     lanes, block, inputs, *rows = list(out)
     tiles = {"march": march, "lanes": lanes, "block_rows": block, "inputs": inputs,
              "tile_rows": dict(zip(range(1, inputs + 1), rows))}
-    where = "" if march == "native" else f", -march={march}"
-    return fn, attend, layer, tiles, f"built with {cc} ({path.name}{where})"
+    return fn, attend, layer, tiles
 
 
 def use(march: str | None = None) -> bool:

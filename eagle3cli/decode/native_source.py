@@ -412,6 +412,18 @@ static void rmsnorm(const float* x, const float* w, float eps, long n, float* ou
     for (long i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
+/* Built with -DEAGLE3_STAGES (benchmarks/layer_stages.py), eagle3_layer adds each stage's wall
+   seconds to eagle3_stage_s: the norms, q|k|v, attention (RoPE and the cache write included), o,
+   gate|up, silu * up, down. */
+#ifdef EAGLE3_STAGES
+double eagle3_stage_s[7];
+#define STAGES_START double stage_t0 = omp_get_wtime(), stage_t
+#define STAGE(i) (stage_t = omp_get_wtime(), eagle3_stage_s[i] += stage_t - stage_t0, stage_t0 = stage_t)
+#else
+#define STAGES_START
+#define STAGE(i)
+#endif
+
 /* A Llama-shaped decoder layer for n rows, x [n, H] updated in place:
    x += o(attention(rope(qkv(norm1(x))))); x += down(silu(gate) * up of gate_up(norm2(x))).
    The cache (k, v, stride, P, past, mask) as eagle3_attend takes it: one sequence, or (stride > 0)
@@ -425,12 +437,19 @@ void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, 
     long nq = (nh + 2 * nkv) * hd, wide = H > inter ? H : inter;
     float *h = scratch, *qkv = h + n * wide, *attn = qkv + n * nq, *gu = attn + n * nh * hd;
     float *scores = gu + n * 2 * inter;
+    STAGES_START;
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln1, eps, H, h + i * H);
+    STAGE(0);
     eagle3_gemv_f32(Wqkv, h, qkv, nq, H, n, bqkv, 0, threads);
+    STAGE(1);
     eagle3_attend(qkv, n, pos, cos, sin, k, v, stride, P, past, mask, nh, nkv, hd, scale, attn, scores, threads);
+    STAGE(2);
     eagle3_gemv_f32(Wo, attn, x, H, nh * hd, n, 0, x, threads);
+    STAGE(3);
     for (long i = 0; i < n; i++) rmsnorm(x + i * H, ln2, eps, H, h + i * H);
+    STAGE(0);
     eagle3_gemv_f32(Wgu, h, gu, 2 * inter, H, n, 0, 0, threads);
+    STAGE(4);
     /* silu(gate) * up, VL elements at a time (vexp), rows split over the threads */
     #pragma omp parallel for schedule(static) num_threads(threads) if (n > 1)
     for (long i = 0; i < n; i++) {
@@ -443,6 +462,8 @@ void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, 
         }
         for (; j < inter; j++) hi[j] = g[j] / (1.f + expf(-g[j])) * up[j];
     }
+    STAGE(5);
     eagle3_gemv_f32(Wd, h, x, H, inter, n, 0, x, threads);
+    STAGE(6);
 }
 """
