@@ -2,6 +2,12 @@
 
     bash benchmarks/setup_peers.sh                      # the peers' venv (~/venvs/peers, CPU torch)
     python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --steps 40 --seeds 0
+    python benchmarks/peer_dflash.py --store runs/sg400b --steps 80 --runs "eagle3_a256;eagle3_muon=--optimizer muon"
+
+A run already scored (its json in --work) is reused, so tables grow run by run. ``eagle3_a256`` is
+ours at --num-anchors 256: 512 blocks a step on these 1,024-token steps, as many as the peer's 512
+anchors per packed step (our default, 64 per conversation, draws 128); NAME=FLAGS runs ours with
+more `eagle3 train` flags.
 
 The store must hold DFlash's streams (`eagle3 gen-data ... --draft-type dflash` or eagle3,dflash).
 Which peer: speculators 0.9.0 and SpecForge 0.2.0 both train DFlash on a CPU (an SDPA mask in place
@@ -50,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -318,6 +325,17 @@ def score(t, draft) -> dict:
             "pos_acc": position_accuracy(t, draft)}
 
 
+def split_runs(runs: str) -> list[str]:
+    """--runs: by ';' when any run carries flags (flags hold commas), else by ','."""
+    parts = runs.split(";") if "=" in runs else runs.split(",")
+    out = [p.strip() for p in parts if p.strip()]
+    for p in out:
+        run = p.partition("=")[0]
+        if "=" in p and not run.startswith("eagle3"):
+            raise SystemExit(f"--runs: {run}: only eagle3's runs take flags (NAME=FLAGS, NAME starting with eagle3)")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="eagle3 feature store holding DFlash's streams")
@@ -328,7 +346,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024, help="token budget of one optimizer step")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--draft-layers", type=int, default=1)
-    ap.add_argument("--num-anchors", type=int, default=64, help="eagle3's blocks per conversation (its default)")
+    ap.add_argument("--num-anchors", type=int, default=64,
+                    help="held-out blocks per conversation the scorer draws (the same for every draft)")
     ap.add_argument("--peer-anchors", type=int, default=512, help="speculators' blocks per packed step (its default)")
     ap.add_argument("--peer-optimizer", default="muon", help="muon (its CLI's default) or adamw")
     ap.add_argument("--lr", type=float, default=1e-3, help="both tools' default")
@@ -336,8 +355,10 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--runs", default="eagle3,speculators",
-                    help="comma-separated: eagle3, speculators, speculators_adamw, eagle3_a256 "
-                         "(eagle3 at --num-anchors 256: as many blocks per step as the peer)")
+                    help="comma-separated: eagle3 (its defaults), speculators, speculators_adamw, eagle3_a256 "
+                         "(eagle3 at --num-anchors 256), or NAME=FLAGS: eagle3 with more `eagle3 train` flags "
+                         "(NAME starts with eagle3, e.g. 'eagle3_muon=--optimizer muon'; separate runs by ';' "
+                         "when one is given so)")
     # the peer's side
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--split", help=argparse.SUPPRESS)
@@ -356,7 +377,8 @@ def main():
         split = work / f"split_s{seed}"
         if not (split / "meta.json").exists():
             export_split(t, split, args)
-        for run in args.runs.split(","):
+        for spec in split_runs(args.runs):
+            run, _, flags = spec.partition("=")
             name = f"{run}_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}"
             res_file = work / f"{name}.json"
             if res_file.exists():
@@ -366,7 +388,7 @@ def main():
                     res_file.write_text(json.dumps(res))
             else:
                 if run.startswith("eagle3"):
-                    extra = ["--num-anchors", "256"] if run == "eagle3_a256" else []
+                    extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
                     res = train_ours(name, seed, args, work, extra)
                 else:
                     opt = "adamw" if run == "speculators_adamw" else args.peer_optimizer
