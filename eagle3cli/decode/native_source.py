@@ -25,7 +25,8 @@ static inline v8 ld8(const float* p) { return *(const v8u*)p; }
    a 16-lane sum is NH of them side by side (their lanes the 16 lanes in order, each added in the
    same order, so every width computes alike). GCC splits a 64-byte vector into halves on AVX2 but
    moves its halves through the stack (vector compares, selects and conversions the worst): written
-   in v16 the AVX2 build's attention took about 2 ms a row of a SmolLM2 step, 10x AVX-512's. */
+   in v16 the AVX2 build's attention took 1.3 ms of a SmolLM2 step for one row and 4.2 for four,
+   against 0.4 and 1.0 on AVX-512. */
 #if defined(__AVX512F__)
 #define VL 16
 typedef v16 vt;
