@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gemv_stream.py [--model $SMOL] [--threads 2] [--rounds 9]
     PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --decode [-n 64] [--rounds 5]
     PYTHONPATH=. python benchmarks/gemv_stream.py --model $SMOL --rows 1,2,3,4,8,16 [--rounds 9] \\
-        [--march native,haswell]
+        [--march native,haswell] [--dtype bfloat16]
 
 A step of plain decoding is one-row matmuls over every weight matrix, so its speed is the rate
 those calls stream weights from memory. Kernel loop (the default): the fast path's matrices of
@@ -25,6 +25,8 @@ whole forward of m new tokens behind a 120-token prefix (``FastTarget.forward``:
 the head over the whole vocabulary), all row counts interleaved in each round; medians, and the
 median per-round ratio to one row. Per build of the kernels (--march: this CPU's, and haswell, the
 AVX2 build, whose tiles fit 16 vector registers: on an AVX-512 CPU both run), interleaved too.
+``--dtype bfloat16``: the target loaded in bf16, its matrices (and the random ones) bf16 in the
+native bf16-weight kernels, fp32 around them (``fast_target.Decoder.mixed``).
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ def rows_loop(model, rows: list[int], rounds: int, marches: list[str]) -> None:
     torch.manual_seed(0)
     fast = FastTarget(model, 160)
     fast.decoder.repack((NATIVE, ONEDNN))
-    mats = [native.Matrix(torch.randn(lin.weight.shape) * 0.02) for lin in fast.decoder.linears()]
+    print(f"matrices in {fast.head.weight.dtype}" + (" (bf16 weights, fp32 around them)" if fast.decoder.mixed else ""))
+    mats = [native.Matrix((torch.randn(lin.weight.shape) * 0.02).to(lin.weight.dtype))
+            for lin in fast.decoder.linears()]
     evict = torch.ones(64 * 2**20)  # 256 MB: more than any last-level cache
     prefix = 120
     with torch.inference_mode():
@@ -193,6 +197,8 @@ def main():
                     "the native matmul and forward at each instead of the kernel loop")
     ap.add_argument("--march", default="native,haswell", help="--rows: comma-separated builds of the native "
                     "kernels to time, interleaved (-march values: native is this CPU's; haswell is AVX2)")
+    ap.add_argument("--dtype", default="float32", help="--rows: float32, or bfloat16 (bf16 weights in the native "
+                    "bf16-weight kernels)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -201,7 +207,8 @@ def main():
         from eagle3cli.core.realmodels import smollm2_dir
 
         args.model = str(smollm2_dir())
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype) if args.rows
+                                                 else torch.float32).eval()
     if args.rows:
         rows_loop(model, [int(v) for v in args.rows.split(",")], args.rounds, args.march.split(","))
         return

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from eagle3cli.decode import native  # noqa: E402
-from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
+from eagle3cli.decode.fast_target import NATIVE, ONEDNN, Decoder, FastTarget  # noqa: E402
 from eagle3cli.decode.generator import row_argmax  # noqa: E402
 from eagle3cli.evaluate.llamacpp import SERVER, Server, find_binary  # noqa: E402
 from eagle3cli.evaluate.llamacpp_baseline import OUTTYPES, cached_target_gguf  # noqa: E402
@@ -49,7 +49,19 @@ def pack(fast: FastTarget, name: str) -> None:
     another -march (native@haswell: the AVX2 build, on an AVX-512 CPU too)."""
     key, _, march = name.partition("@")
     native.use(march or None)
-    fast.decoder.repack(PACKINGS[key])
+    if not fast.decoder.mixed:  # mixed (bf16 weights in the native kernels): nothing else serves them
+        fast.decoder.repack(PACKINGS[key])
+
+
+def targets(model, max_len: int, ours: list[str]) -> dict:
+    """{--ours name: the FastTarget it decodes with}. A bf16 model: ``native`` names the fast path's
+    bf16 weights in the native bf16-weight kernels (fp32 around them: ``Decoder.mixed``), the others
+    the bf16 path of bf16 matmuls and float64 attention; fp32: one FastTarget, repacked per name."""
+    mixed = Decoder.mixed_applies(model)
+    plain = FastTarget(model, max_len, decoder=Decoder(model, mixed=False)) if not mixed or any(
+        not o.startswith("native") for o in ours) else None
+    native_fast = FastTarget(model, max_len) if mixed else plain
+    return {o: native_fast if o.startswith("native") else plain for o in ours}
 
 
 def cpu_line() -> str:
@@ -152,22 +164,24 @@ def main():
         dtype = getattr(torch, dt)
         gguf = getattr(args, f"target_gguf_{dt}") or cached_target_gguf(args.model, OUTTYPES[dt], args.llama_cpp)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
-        fast = FastTarget(model, len(prompt) + args.n + 8)
-        bytes_step = step_bytes(model, dtype, fast.attn_dtype, len(prompt) + args.n // 2)
-        bound = bw["read_GBps"] * 1e9 / bytes_step
         ours = [o for o in args.ours.split(",") if o]
+        fasts = targets(model, len(prompt) + args.n + 8, ours)
+        kv_dtype = min((f.attn_dtype for f in fasts.values()), key=lambda t: torch.tensor([], dtype=t).element_size(),
+                       default=dtype)
+        bytes_step = step_bytes(model, dtype, kv_dtype, len(prompt) + args.n // 2)
+        bound = bw["read_GBps"] * 1e9 / bytes_step
         times = {name: [] for name in ["llama.cpp"] + [f"ours/{o}" for o in ours]}
         with Server(binary, gguf, threads=args.threads, ctx=len(prompt) + args.n + 64) as server:
             llama_tps(server, prompt, 8)  # warm
             for o in ours:
-                pack(fast, o)
-                ours_tps(fast, torch.tensor(prompt), 4)
+                pack(fasts[o], o)
+                ours_tps(fasts[o], torch.tensor(prompt), 4)
             for r in range(args.rounds):
                 times["llama.cpp"].append(llama_tps(server, prompt, args.n))
                 for o in ours:
-                    pack(fast, o)
-                    ours_tps(fast, torch.tensor(prompt), 2)  # the first calls after packing page-fault
-                    times[f"ours/{o}"].append(ours_tps(fast, torch.tensor(prompt), args.n))
+                    pack(fasts[o], o)
+                    ours_tps(fasts[o], torch.tensor(prompt), 2)  # the first calls after packing page-fault
+                    times[f"ours/{o}"].append(ours_tps(fasts[o], torch.tensor(prompt), args.n))
                 print(f"{dt} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in times.items()), flush=True)
         ref = times["llama.cpp"]
         for name, ts in times.items():
@@ -177,7 +191,7 @@ def main():
                    "of_bound": statistics.median(ts) / bound, "bound_tokens_per_s": bound,
                    "bytes_per_step": bytes_step, "all": ts}
             report["rows"].append(row)
-        del fast, model
+        del fasts, model
     print(f"\n{args.n} tokens after a {len(prompt)}-token prompt, {args.rounds} interleaved rounds, medians; "
           f"x llama.cpp = median of per-round ratios; bound = read bandwidth / bytes a step\n")
     print("| dtype | decoder | tok/s | ms/token | x llama.cpp | of bound (tok/s) |")

@@ -52,7 +52,8 @@ class SlotTarget:
         native_ok = compute == torch.float32 and next(model.parameters()).device.type == "cpu" and native.available()
         rows = ((NATIVE, ONEDNN) if native_ok else (ONEDNN,) if compute == torch.bfloat16
                 else tuple(sorted({slots, max(2, slots // 2)})))
-        d = Decoder(model, rows, purpose="continuous batching", dtype=dtype, families=SUPPORTED_TYPES)
+        d = Decoder(model, rows, purpose="continuous batching", dtype=dtype, families=SUPPORTED_TYPES,
+                    mixed=False)
         self.decoder = d
         self.n_heads, self.n_kv, self.head_dim = d.n_heads, d.n_kv, d.head_dim
         self.embed, self.layers, self.norm, self.norm_eps, self.head = d.embed, d.layers, d.norm, d.norm_eps, d.head

@@ -31,6 +31,10 @@ faster on this CPU. With bf16
 weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
 the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
 so that verifying is bitwise one-token decoding (``attention_dtype``, ``fast_tuning.row_invariant``).
+Where the native kernels are built, a bf16 target instead keeps its matrices (q|k|v, o, gate|up,
+down, the LM head) in bf16 for the native bf16-weight kernels and computes everything else in
+fp32 (embeddings and norms upcast once): half the bytes a step streams, and exact as fp32 is
+(``Decoder.mixed``; a verification is bitwise one-token decoding by construction).
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
@@ -130,8 +134,10 @@ def _weights(*tensors, dtype=None) -> torch.Tensor:
 
 
 class Layer:
-    def __init__(self, layer, packed_rows, dtype=None):
+    def __init__(self, layer, packed_rows, dtype=None, mixed: bool = False):
+        """``mixed``: the four matrices in bf16 for the native bf16-weight kernel, the rest in ``dtype``."""
         a, m = layer.self_attn, layer.mlp
+        wdtype = torch.bfloat16 if mixed else dtype
         # Gemma 3: norms after each sublayer too, the MLP's before it is pre_feedforward_layernorm
         self.gemma = hasattr(layer, "pre_feedforward_layernorm")
         self.rms = _gemma_norm if self.gemma else _rms_norm
@@ -141,10 +147,11 @@ class Layer:
         bias = None
         if a.q_proj.bias is not None:
             bias = _weights(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, dtype=dtype)
-        self.qkv = Linear(_weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=dtype), bias, packed_rows)
-        self.o = Linear(_weights(a.o_proj.weight, dtype=dtype), None, packed_rows)
-        self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=dtype), None, packed_rows)
-        self.down = Linear(_weights(m.down_proj.weight, dtype=dtype), None, packed_rows)
+        self.qkv = Linear(_weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=wdtype), bias, packed_rows,
+                          mixed)
+        self.o = Linear(_weights(a.o_proj.weight, dtype=wdtype), None, packed_rows, mixed)
+        self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=wdtype), None, packed_rows, mixed)
+        self.down = Linear(_weights(m.down_proj.weight, dtype=wdtype), None, packed_rows, mixed)
         self.ln1 = _weights(layer.input_layernorm.weight, dtype=dtype)
         pre_mlp = layer.pre_feedforward_layernorm if self.gemma else layer.post_attention_layernorm
         self.ln2 = _weights(pre_mlp.weight, dtype=dtype)
@@ -190,10 +197,15 @@ class Decoder:
     """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
     cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
 
+    # A bf16 target on a CPU with the native bf16-weight kernels built: matrices in bf16 there,
+    # everything else in fp32 (``mixed``). Off: the bf16 path of oneDNN matmuls and float64 attention.
+    BF16_NATIVE = True
+
     def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None,
-                 families=FAST_PATH_TYPES):
+                 families=FAST_PATH_TYPES, mixed: bool | None = None):
         """``dtype``: compute in it (the weights are cast once); None keeps the model's. ``families``:
-        the model types the caller's forward runs."""
+        the model types the caller's forward runs. ``mixed`` (None: where it applies, ``mixed_applies``):
+        bf16 matrices in the native bf16-weight kernels, fp32 compute around them."""
         from ..model.target import base_model
 
         reason = unsupported_reason(model, families)
@@ -201,6 +213,10 @@ class Decoder:
             raise ValueError(f"{purpose} does not support this target: {reason}")
         cfg = text_config(model.config)
         self.base = base_model(model)
+        self.mixed = self.mixed_applies(model, dtype) if mixed is None else mixed
+        if self.mixed:
+            dtype = torch.float32
+        wdtype = torch.bfloat16 if self.mixed else dtype
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.hidden = cfg.hidden_size
@@ -208,7 +224,7 @@ class Decoder:
         # Gemma 3 scales its embeddings by sqrt(hidden) in their dtype (HF: embed * scale.to(dtype))
         scale = getattr(self.base.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
-        self.layers = [Layer(layer, packed_rows, dtype) for layer in self.base.layers]
+        self.layers = [Layer(layer, packed_rows, dtype, self.mixed) for layer in self.base.layers]
         self.norm, self.norm_eps = _weights(self.base.norm.weight, dtype=dtype), _eps(self.base.norm)
         self.final_norm = _gemma_norm if self.layers[0].gemma else _rms_norm
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
@@ -218,7 +234,25 @@ class Decoder:
         self.logits_div = getattr(cfg, "logits_scaling", None) if cfg.model_type == "granite" else None
         # The LM head too: a verification needs logits at every row, and F.linear over a few rows
         # of a vocab-sized matrix is as slow as the layers' (docs/benchmarks.md, "Verification cost").
-        self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=dtype), None, packed_rows)
+        self.head = Linear(_weights(model.get_output_embeddings().weight, dtype=wdtype), None, packed_rows, self.mixed)
+
+    @classmethod
+    def mixed_applies(cls, model, dtype=None) -> bool:
+        """Whether a decoder of ``model`` kept in its own dtype (``dtype`` None) runs mixed: bf16
+        weights on a CPU where the native bf16-weight kernels are built, and layers that the native
+        layer runs whole (Llama-shaped: no q/k norms, Gemma 3 or Granite extras, sliding windows),
+        whose verification is bitwise one-token decoding by construction. Other families keep the
+        bf16 path, whose float64 attention and start-up check make them exact."""
+        from ..model.target import base_model
+
+        w = model.get_output_embeddings().weight
+        if not (cls.BF16_NATIVE and dtype is None and w.dtype == torch.bfloat16 and native.supports(w)):
+            return False
+        base = base_model(model)
+        first = base.layers[0]
+        return (getattr(first.self_attn, "q_norm", None) is None and not hasattr(first, "pre_feedforward_layernorm")
+                and getattr(first, "residual_multiplier", None) is None
+                and getattr(base, "embedding_multiplier", None) is None and not layout(model.config).windowed)
 
     def linears(self) -> list[Linear]:
         return [lin for layer in self.layers for lin in layer.linears()] + [self.head]
@@ -230,8 +264,9 @@ class Decoder:
             lin.pack(rows)
 
     def packable(self) -> bool:
-        """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN)."""
-        return any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
+        """Whether ``repack`` packs anything here (a CPU; fp32 weights with MKL or oneDNN, bf16 with oneDNN;
+        not mixed, whose matrices only the native kernel serves)."""
+        return not self.mixed and any(Linear.can_pack(self.head.weight, key) for key in (1, ONEDNN))
 
     def rope(self, max_len: int) -> dict:
         """HF's own RoPE tables (any static rope type) for positions 0..max_len-1: {layer kind: (cos, sin)

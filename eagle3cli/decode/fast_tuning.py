@@ -94,7 +94,7 @@ def tune_packing(fast: FastTarget, rows: int, prefix: int = 64, repeats: int = 3
     """
     options = packing_options(rows, fast.head.weight)
     prefix = min(prefix, fast.max_len - rows)  # a short context is timed behind a shorter prefix
-    if rows < 2 or len(options) < 2 or prefix < 1:
+    if rows < 2 or len(options) < 2 or prefix < 1 or fast.decoder.mixed:  # mixed: only the native kernel serves
         return None
     dev = fast.embed.device
     ids = torch.randint(0, fast.embed.shape[0], (prefix + rows,), generator=torch.Generator().manual_seed(0)).to(dev)

@@ -30,6 +30,13 @@ AVX2, whose tiles fit 16 vector registers instead of AVX-512's 32) and OpenMP, l
 libgomp torch itself loaded where torch ships one (one thread pool, not two), into
 ``$EAGLE3_CACHE/native``. Without a compiler, or with ``EAGLE3_NATIVE=0``, nothing is
 built and the fast path keeps oneDNN/MKL: ``available()`` says which, ``status()`` why.
+
+bf16 weights: the same source built with ``-DEAGLE3_WBF16`` (its own library) reads the matrices
+as bf16 and widens each to fp32 in registers (exact: bf16 is fp32's upper half), then runs the
+same tiles in the same order, with fp32 activations, norms, cache and attention. A step streams
+half the bytes, and its results are bitwise those of the fp32 build on the weights rounded to
+bf16: row-invariant as the fp32 build is. ``Matrix`` and ``NativeLayer`` take bf16 matrices
+(``available_bf16()``); the build follows ``use(march)`` as the fp32 one does.
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ _layer = None  # a whole one-row layer
 _tiles = None  # the matmul's tile shapes (``tiles()``)
 _status = "not built yet"
 _builds: dict[str, tuple] = {}  # march -> (matmul, attend, layer, tiles, status), each build loaded once
+_march: str | None = None  # the march ``use`` chose last (None: default_march())
+_bf16: tuple | None = None  # (matmul, layer) of the bf16-weight build for _march, loaded on first use
+_bf16_status = "not built yet"
+_bf16_builds: dict[str, tuple] = {}  # march -> (matmul, attend, layer, tiles, status) of the bf16-weight build
+WBF16 = "-DEAGLE3_WBF16"  # the define that builds the source for bf16 weights
 
 
 def _compiler() -> str | None:
@@ -93,20 +105,21 @@ def default_march() -> str:
     return os.environ.get(MARCH_ENV, "").strip() or "native"
 
 
-def _flags(march: str) -> list[str]:
+def _flags(march: str, bf16: bool = False) -> list[str]:
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", march):
         raise RuntimeError(f"{MARCH_ENV}={march!r} is not a -march value (say native, haswell or x86-64-v3)")
-    return [*FLAGS, f"-march={march}"]
+    return [*FLAGS, f"-march={march}", *([WBF16] if bf16 else [])]
 
 
-def library_path(cc: str, march: str = "native") -> Path:
+def library_path(cc: str, march: str = "native", bf16: bool = False) -> Path:
     from ..core.realmodels import cache_root
 
-    key = hashlib.sha256("\0".join([SOURCE, " ".join(_flags(march)), cc, _cpu_id(), torch.__version__]).encode())
-    return cache_root() / "native" / f"kernels-{key.hexdigest()[:16]}.so"
+    flags = " ".join(_flags(march, bf16))
+    key = hashlib.sha256("\0".join([SOURCE, flags, cc, _cpu_id(), torch.__version__]).encode())
+    return cache_root() / "native" / f"kernels-{'wbf16-' if bf16 else ''}{key.hexdigest()[:16]}.so"
 
 
-def _build(cc: str, out: Path, march: str = "native"):
+def _build(cc: str, out: Path, march: str = "native", bf16: bool = False):
     from ..core.io_utils import atomic_path
 
     src = out.with_name(f"{out.stem}.{os.getpid()}.c")  # one per builder: two processes may build at once
@@ -118,12 +131,12 @@ def _build(cc: str, out: Path, march: str = "native"):
         link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}"]
     try:
         with atomic_path(out) as tmp:
-            proc = subprocess.run([cc, *_flags(march), "-o", str(tmp), str(src), *link, "-lm"], capture_output=True,
-                                  text=True)
+            proc = subprocess.run([cc, *_flags(march, bf16), "-o", str(tmp), str(src), *link, "-lm"],
+                                  capture_output=True, text=True)
             if proc.returncode != 0:
                 lines = (proc.stderr or proc.stdout).strip().splitlines()
                 raise RuntimeError(f"{cc} failed: {lines[-1] if lines else proc.returncode}")
-            _self_test(tmp)
+            _self_test(tmp, bf16)
     finally:
         src.unlink(missing_ok=True)
 
@@ -136,6 +149,8 @@ fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p, ct
 g = torch.Generator().manual_seed(0)
 for rows, cols, m in ((37, 70, 3), (64, 576, 1)):
     w, x, b = torch.randn(rows, cols, generator=g), torch.randn(m, cols, generator=g), torch.randn(rows, generator=g)
+    if sys.argv[2] == "bf16":
+        w = w.bfloat16()
     y = torch.empty(m, rows)
     fn(w.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, m, b.data_ptr(), None, 2)
     ref = (x.double() @ w.double().T + b.double()).float()
@@ -144,13 +159,13 @@ for rows, cols, m in ((37, 70, 3), (64, 576, 1)):
 """
 
 
-def _self_test(library: Path):
+def _self_test(library: Path, bf16: bool = False):
     """Run the freshly built kernel on small products in a child process, against float64 torch:
     a build whose instructions this CPU (or VM) does not run kills the child, not the caller."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", SELF_TEST, str(library)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", SELF_TEST, str(library), "bf16" if bf16 else "fp32"],
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise RuntimeError(f"self-test failed ({proc.returncode}): {lines[-1] if lines else 'no output'}")
@@ -158,14 +173,16 @@ def _self_test(library: Path):
 
 def reset():
     """Forget the kernels and their status, so that the next call builds or loads them again."""
-    global _kernel, _attend, _layer, _tiles, _status
+    global _kernel, _attend, _layer, _tiles, _status, _march, _bf16, _bf16_status
     _kernel, _attend, _layer, _tiles, _status = None, None, None, None, "not built yet"
+    _march, _bf16, _bf16_status = None, None, "not built yet"
     _builds.clear()
+    _bf16_builds.clear()
 
 
-def _load(march: str) -> tuple:
-    """(matmul, attend, layer, tiles, status) of the build for ``march``, built on first use; the
-    functions None where it cannot be."""
+def _load(march: str, bf16: bool = False) -> tuple:
+    """(matmul, attend, layer, tiles, status) of the build for ``march`` (``bf16``: for bf16 weights),
+    built on first use; the functions None where it cannot be."""
     if os.environ.get("EAGLE3_NATIVE", "1") == "0":
         return None, None, None, None, "off (EAGLE3_NATIVE=0)"
     try:
@@ -176,9 +193,9 @@ def _load(march: str) -> tuple:
     if cc is None:
         return None, None, None, None, "no C compiler (set CC)"
     try:
-        path = library_path(cc, march)
+        path = library_path(cc, march, bf16)
         if not path.exists():
-            _build(cc, path, march)
+            _build(cc, path, march, bf16)
         fn, attend, layer, tiles = bind(ctypes.CDLL(str(path)), march)
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
         return None, None, None, None, f"not built: {e}"
@@ -211,11 +228,13 @@ def use(march: str | None = None) -> bool:
     and ``NativeLayer`` calls, built or loaded once; whether it is available. Benchmarks and tests
     switch between builds with it in one process (the builds' results differ only where the
     compilers' instructions round differently)."""
-    global _kernel, _attend, _layer, _tiles, _status
+    global _kernel, _attend, _layer, _tiles, _status, _march, _bf16, _bf16_status
     march = march or default_march()
     if march not in _builds:
         _builds[march] = _load(march)
     _kernel, _attend, _layer, _tiles, _status = _builds[march]
+    if march != _march:  # the bf16-weight build follows, loaded when first asked for
+        _march, _bf16, _bf16_status = march, None, "not built yet"
     return _kernel is not None
 
 
@@ -245,23 +264,56 @@ def status() -> str:
     return _status
 
 
+def kernel_bf16():
+    """(matmul, layer) of the bf16-weight build for the march in use (``use``), built on first use;
+    None where it cannot be (no fp32 build either, or its own build failed)."""
+    global _bf16, _bf16_status
+    if _bf16 is not None or _bf16_status != "not built yet":
+        return _bf16
+    if kernel() is None:
+        _bf16_status = f"not built: {_status}"
+        return None
+    march = _march or default_march()
+    if march not in _bf16_builds:
+        _bf16_builds[march] = _load(march, bf16=True)
+    fn, _, layer, _, _bf16_status = _bf16_builds[march]
+    _bf16 = None if fn is None else (fn, layer)
+    return _bf16
+
+
+def available_bf16() -> bool:
+    """Whether the bf16-weight kernels are built (``Matrix`` and ``NativeLayer`` take bf16 matrices)."""
+    return kernel_bf16() is not None
+
+
+def status_bf16() -> str:
+    kernel_bf16()
+    return _bf16_status
+
+
 def supports(weight: torch.Tensor) -> bool:
-    """Whether ``linear`` can run this weight: fp32, contiguous, on a CPU, with the kernel built."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
-            and available())
+    """Whether ``linear`` can run this weight: fp32 or bf16, contiguous, on a CPU, with the kernel
+    for its dtype built."""
+    if weight.device.type != "cpu" or not weight.is_contiguous():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return available_bf16()
+    return weight.dtype == torch.float32 and available()
 
 
 class Matrix:
     """A weight (and bias) bound to the kernel, its pointers and shape read once: a decoding step
-    calls it 121 times (SmolLM2), where a few microseconds of Python per call add up."""
+    calls it 121 times (SmolLM2), where a few microseconds of Python per call add up. A bf16 weight
+    runs in the bf16-weight build (fp32 inputs and outputs)."""
 
-    __slots__ = ("weight", "bias", "rows", "cols", "_w", "_b")
+    __slots__ = ("weight", "bias", "rows", "cols", "_w", "_b", "bf16")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         if not supports(weight):
             raise ValueError(f"the native kernel cannot run a {weight.dtype} weight on {weight.device}: {status()}")
         self.weight, self.bias = weight, None if bias is None else bias.detach().float().contiguous()
         self.rows, self.cols = weight.shape
+        self.bf16 = weight.dtype == torch.bfloat16
         self._w = weight.data_ptr()
         self._b = None if self.bias is None else self.bias.data_ptr()
 
@@ -279,7 +331,8 @@ class Matrix:
                 raise ValueError(f"native linear: add {tuple(add.shape)} {add.dtype}, not fp32 {(m, self.rows)}")
             add = add.contiguous()
         y = torch.empty(m, self.rows, dtype=torch.float32)
-        (_kernel or kernel())(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
+        fn = (_bf16 or kernel_bf16())[0] if self.bf16 else (_kernel or kernel())
+        fn(self._w, x.data_ptr(), y.data_ptr(), self.rows, self.cols, m, self._b,
                 None if add is None else add.data_ptr(), torch.get_num_threads())
         return y
 
@@ -328,20 +381,36 @@ def attend(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: t
 
 class NativeLayer:
     """A Llama-shaped decoder layer (``fast_target.Layer``: RMSNorms, fused q|k|v with optional bias,
-    o, fused gate|up with silu, down) bound to ``eagle3_layer`` for steps of up to MAX_ROWS rows."""
+    o, fused gate|up with silu, down) bound to ``eagle3_layer`` for steps of up to MAX_ROWS rows.
+    Its four matrices fp32, or all bf16 (the bf16-weight build); norms and bias fp32."""
 
-    __slots__ = ("ptrs", "hidden", "inter", "eps", "scale", "keep", "shape")
+    __slots__ = ("ptrs", "hidden", "inter", "eps", "scale", "keep", "shape", "bf16")
 
     def __init__(self, layer, n_heads: int, n_kv: int, head_dim: int):
+        mats = [layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight]
+        self.bf16 = all(t.dtype == torch.bfloat16 for t in mats)
+        if self.bf16 and not available_bf16():
+            raise ValueError(f"native layer: bf16 matrices, but the bf16-weight kernels are {status_bf16()}")
+        vecs = [layer.ln1, layer.ln2, layer.qkv.bias]
+        if (any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in vecs)
+                or any(t.dtype != (torch.bfloat16 if self.bf16 else torch.float32) or not t.is_contiguous()
+                       for t in mats)):
+            raise ValueError("native layer: contiguous fp32 norms and bias, and fp32 or all-bf16 matrices")
         tensors = [layer.ln1, layer.ln2, layer.qkv.weight, layer.qkv.bias, layer.o.weight,
                    layer.gate_up.weight, layer.down.weight]
-        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
-            raise ValueError("native layer: fp32 contiguous weights only")
         self.keep = tensors  # the pointers below are into these
         self.ptrs = [None if t is None else t.data_ptr() for t in tensors]
         self.hidden, self.inter = layer.ln1.shape[0], layer.inter
         self.eps, self.scale = float(layer.eps), float(layer.scaling)
         self.shape = (n_heads, n_kv, head_dim)
+
+    def _fn(self):
+        """The layer function of the build in use for this layer's weights (loaded again after a reset)."""
+        if self.bf16:
+            return (_bf16 or kernel_bf16())[1]
+        if _layer is None:
+            kernel()
+        return _layer
 
     def scratch(self, n: int, past: int) -> int:
         """Floats of scratch an n-row step at slots past.. needs (on torch's thread count)."""
@@ -357,9 +426,8 @@ class NativeLayer:
         ln1, ln2, wqkv, bqkv, wo, wgu, wd = self.ptrs
         nh, nkv, hd = self.shape
         n = x.shape[0]
-        if _layer is None:
-            kernel()  # after a reset(): load it again
-        _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
+        fn = self._fn()
+        fn(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), kv.data_ptr() + 4 * kv.stride(0),
                0, kv.shape[2], past, _mask_ptr(mask, n, past + n), nh, nkv, hd, self.scale, scratch.data_ptr(),
                torch.get_num_threads())
@@ -376,8 +444,7 @@ class NativeLayer:
         n = x.shape[0]
         if k.shape != v.shape or k.shape[0] < n or not (k.is_contiguous() and v.is_contiguous()):
             raise ValueError(f"native layer: caches {tuple(k.shape)} and {tuple(v.shape)} for {n} rows")
-        if _layer is None:
-            kernel()
-        _layer(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
+        fn = self._fn()
+        fn(x.data_ptr(), n, self.hidden, ln1, ln2, self.eps, wqkv, bqkv, wo, wgu, wd, self.inter,
                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0),
                k.shape[2], 0, None, nh, nkv, hd, self.scale, scratch.data_ptr(), torch.get_num_threads())

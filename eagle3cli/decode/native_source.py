@@ -41,6 +41,30 @@ typedef int vti __attribute__((vector_size(32)));
 #define NH (16 / VL)  /* vectors a 16-lane sum takes */
 static inline void stv(float* p, vt a) { memcpy(p, &a, sizeof a); }
 
+/* The matrices' weights (wt): fp32, or bf16 built with -DEAGLE3_WBF16 (half the bytes a step
+   streams). LDW loads VL of them as a vt, WF one as a float: bf16 -> fp32 is exact (its 16 bits
+   are fp32's upper half), so a bf16 build computes bitwise what the fp32 build computes on the
+   same weights rounded to bf16, in the same order. Norms' weights, activations, the cache and
+   attention stay fp32. */
+#ifdef EAGLE3_WBF16
+typedef unsigned short wt;
+typedef unsigned short vwh __attribute__((vector_size(VL * 2), aligned(2)));
+typedef unsigned int vwu __attribute__((vector_size(VL * 4)));
+static inline vt ldw(const wt* p) {
+    vwu u = __builtin_convertvector(*(const vwh*)p, vwu) << 16;
+    vt f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline float wf(wt b) { unsigned int u = (unsigned int)b << 16; float f; memcpy(&f, &u, 4); return f; }
+#define LDW ldw
+#define WF wf
+#else
+typedef float wt;
+#define LDW LDV
+#define WF(x) (x)
+#endif
+
 /* a fixed halving order: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3) */
 static inline float reduce8(v8 s8) {
     v4 l4, h4; memcpy(&l4, &s8, 16); memcpy(&h4, (const char*)&s8 + 16, 16);
@@ -153,7 +177,7 @@ static inline float dot(const float* a, const float* b, long n) {
 
 /* R weight rows at w (row stride cols) against M inputs at x; out[j * T_OR + r] */
 #define TILE(R, M)                                                                                   \
-static inline __attribute__((always_inline)) void tile##M(const float* w, long cols, const float* x, \
+static inline __attribute__((always_inline)) void tile##M(const wt* w, long cols, const float* x,    \
                                                           float* out, int pf) {                      \
     vt z = {0}, acc[R][M][NH];                                                                       \
     for (int r = 0; r < R; r++) for (int j = 0; j < M; j++) for (int h = 0; h < NH; h++) acc[r][j][h] = z; \
@@ -164,7 +188,7 @@ static inline __attribute__((always_inline)) void tile##M(const float* w, long c
             vt xv[M];                                                                                \
             for (int j = 0; j < M; j++) xv[j] = LDV(x + j * cols + c + h * VL);                      \
             for (int r = 0; r < R; r++) {                                                            \
-                vt wv = LDV(w + r * cols + c + h * VL);                                              \
+                vt wv = LDW(w + r * cols + c + h * VL);                                              \
                 for (int j = 0; j < M; j++) acc[r][j][h] += wv * xv[j];                              \
             }                                                                                        \
         }                                                                                            \
@@ -172,7 +196,7 @@ static inline __attribute__((always_inline)) void tile##M(const float* w, long c
     for (int r = 0; r < R; r++)                                                                      \
         for (int j = 0; j < M; j++) {                                                                \
             float s = reduce_parts(acc[r][j]);                                                       \
-            for (long t = c; t < cols; t++) s = fmaf(w[r * cols + t], x[j * cols + t], s);           \
+            for (long t = c; t < cols; t++) s = fmaf(WF(w[r * cols + t]), x[j * cols + t], s);       \
             out[j * T_OR + r] = s;                                                                   \
         }                                                                                            \
 }
@@ -180,7 +204,7 @@ TILE(T_R1, 1) TILE(T_R2, 2) TILE(T_R3, 3) TILE(T_R4, 4)
 
 /* M inputs against the T_OR rows at w, in tiles of R rows */
 #define RUN(R, M) for (int r = 0; r < T_OR; r += R) tile##M(w + r * cols, cols, xi, o + r, pf)
-static inline void tiles(const float* w, long cols, const float* xi, long n, float* o, int pf) {
+static inline void tiles(const wt* w, long cols, const float* xi, long n, float* o, int pf) {
     if (n >= 4) RUN(T_R4, 4);
     else if (n == 3) RUN(T_R3, 3);
     else if (n == 2) RUN(T_R2, 2);
@@ -194,14 +218,14 @@ void eagle3_tiles(long* out) {
 }
 
 /* one weight row against one input row, in the tiles' order (the rows after the last full tile) */
-static inline float dot_row(const float* w, const float* x, long cols) {
+static inline float dot_row(const wt* w, const float* x, long cols) {
     vt z = {0}, a[NH];
     for (int h = 0; h < NH; h++) a[h] = z;
     long c = 0;
     for (; c + 16 <= cols; c += 16)
-        for (int h = 0; h < NH; h++) a[h] += LDV(w + c + h * VL) * LDV(x + c + h * VL);
+        for (int h = 0; h < NH; h++) a[h] += LDW(w + c + h * VL) * LDV(x + c + h * VL);
     float s = reduce_parts(a);
-    for (long t = c; t < cols; t++) s = fmaf(w[t], x[t], s);
+    for (long t = c; t < cols; t++) s = fmaf(WF(w[t]), x[t], s);
     return s;
 }
 
@@ -386,7 +410,7 @@ static inline float finish(float v, const float* bias, const float* add, long i,
 
 /* y[m, rows] = add + (x[m, cols] W[rows, cols]^T + bias), bias and add optional: blocks of T_OR weight
    rows split statically over the threads, each read once for all m input rows, T_M inputs at a time */
-void eagle3_gemv_f32(const float* W, const float* x, float* y, long rows, long cols, long m,
+void eagle3_gemv_f32(const wt* W, const float* x, float* y, long rows, long cols, long m,
                      const float* bias, const float* add, int threads) {
     long blocks = rows / T_OR;
     #pragma omp parallel for schedule(static) num_threads(threads)
@@ -431,7 +455,7 @@ double eagle3_stage_s[7];
    one per row. Every step of it computes a row alike whatever rows come with it.
    scratch: n (max(H, inter) + (nh + 2 nkv) hd + nh hd + 2 inter) + threads (past + n) floats. */
 void eagle3_layer(float* x, long n, long H, const float* ln1, const float* ln2, float eps,
-                  const float* Wqkv, const float* bqkv, const float* Wo, const float* Wgu, const float* Wd,
+                  const wt* Wqkv, const float* bqkv, const wt* Wo, const wt* Wgu, const wt* Wd,
                   long inter, const long* pos, const float* cos, const float* sin, float* k, float* v, long stride,
                   long P, long past, const unsigned char* mask, long nh, long nkv, long hd, float scale,
                   float* scratch, int threads) {

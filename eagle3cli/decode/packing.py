@@ -24,8 +24,12 @@ class Linear:
     (int keys), and/or oneDNN's (``ONEDNN``), which serves any row count, and/or our compiled
     kernel (``NATIVE``: ``native.Matrix``), which serves up to ``native.MAX_ROWS`` rows."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = ()):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = (), mixed: bool = False):
+        """``mixed``: a bf16 weight against fp32 inputs, which only the native bf16-weight kernel
+        multiplies (``native.Matrix``): it serves every row count (more than its MAX_ROWS in chunks
+        of them, each row computed alike), whatever ``pack`` is asked for."""
         self.weight, self.bias = weight.contiguous(), bias
+        self.mixed = mixed
         self.pack(packed_rows)
 
     @staticmethod
@@ -37,8 +41,8 @@ class Linear:
         "Verification cost")."""
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return False
-        if key in (NATIVE, NATIVE_ONE):
-            return native.supports(weight)
+        if key in (NATIVE, NATIVE_ONE):  # bf16 weights take it only against fp32 inputs (``mixed``)
+            return weight.dtype == torch.float32 and native.supports(weight)
         if key == ONEDNN:
             onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             return onednn and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -52,6 +56,9 @@ class Linear:
         packings += 1  # any FastTarget over this matmul decides its native layers again
         self.packed = {}
         self.serving = {}  # row count -> the key serving it (``packed_for``), found once per count
+        if self.mixed:
+            self.packed[NATIVE] = native.Matrix(self.weight, self.bias)
+            return
         for m in rows:
             if not self.can_pack(self.weight, m):
                 continue
@@ -74,6 +81,9 @@ class Linear:
             key = self.serving[m] = self.packed_for(m)
         if key == NATIVE:
             return (self.packed.get(NATIVE) or self.packed[NATIVE_ONE])(x, add)
+        if self.mixed:  # a prompt's many rows, NATIVE_MAX_ROWS at a time
+            mat, step = self.packed[NATIVE], NATIVE_MAX_ROWS
+            return torch.cat([mat(x[i:i + step], None if add is None else add[i:i + step]) for i in range(0, m, step)])
         y = self._matmul(x, key)
         return y if add is None else add + y
 

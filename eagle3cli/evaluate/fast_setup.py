@@ -33,7 +33,9 @@ def set_up_run(target, draft, cfg: EvalConfig, settings, max_pos, log=print) -> 
 
     fast, path_note = build_fast_target(target, cfg, max_pos)
     what = (f"static cache, {str(fast.embed.dtype).removeprefix('torch.')} matmuls, float64 attention"
-            if fast is not None and fast.low_precision else "static cache, packed matmuls")
+            if fast is not None and fast.low_precision else
+            "static cache, bf16 matrices in the native kernels, fp32 around them"
+            if fast is not None and fast.decoder.mixed else "static cache, packed matmuls")
     log(f"verification path: {f'fast (fast_target: {what})' if fast else 'hf'}"
         + (f" ({path_note})" if path_note else ""))
     drafter = as_drafter(draft, dtype=compute_dtype(fast), weights=weights_for(fast, cfg.draft_weights))
@@ -151,14 +153,18 @@ class NotRowInvariant(EvalError):
 def check_exact(fast, settings, log=print, rows: int | None = None) -> bool | None:
     """For a bf16/fp16 fast path: that verifying this run's row count (or ``rows``) decodes bitwise
     what one-token decoding does (``fast_tuning.row_invariant``), else no lossless claim could hold;
-    raises NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-4)."""
+    raises NotRowInvariant. None where nothing is checked (no fast path, or fp32: exact up to ~1e-4).
+    A bf16 target in the native bf16-weight kernels (``Decoder.mixed``) is row-invariant by
+    construction and checked all the same: its output is held to its own plain decoding, not to HF's
+    bf16 forward, whose rows round differently."""
     from ..decode.fast_tuning import row_invariant
 
-    if fast is None or not fast.low_precision:
+    if fast is None or not (fast.low_precision or fast.decoder.mixed):
         return None
     rows = rows or verification_rows(settings)[0]
     if not row_invariant(fast, rows):
-        raise NotRowInvariant(f"in {str(fast.embed.dtype).removeprefix('torch.')} on this CPU a {rows}-row "
+        dtype = "bfloat16" if fast.decoder.mixed else str(fast.embed.dtype).removeprefix("torch.")
+        raise NotRowInvariant(f"in {dtype} on this CPU a {rows}-row "
                               f"verification does not give bitwise the logits of one-token decoding, so "
                               f"speculative output could differ from plain decoding; use --dtype float32")
     log(f"low-precision fast path: a {rows}-row verification is bitwise one-token decoding here (checked)")

@@ -409,6 +409,13 @@ def test_draft_computes_in_bf16_where_the_cpu_multiplies_it(bf16_hardware, monke
     assert compute_dtype(fp32) is (torch.bfloat16 if bf16_hardware and packs else None)
     assert weights_for(fp32) == ("int4" if bf16_hardware and packs and int4 else "full")
     assert weights_for(fp32, "int8") == "int8" and weights_for(fp32, "full") == "full"
+    # a bf16 target with its matrices in the native bf16-weight kernels computes in fp32: as beside fp32
+    mixed = FastTarget(tiny_model("llama").to(torch.bfloat16), 64)
+    if mixed.decoder.mixed:
+        assert compute_dtype(mixed) is compute_dtype(fp32)
+    from eagle3cli.decode.fast_target import Decoder
+
+    monkeypatch.setattr(Decoder, "BF16_NATIVE", False)
     bf16 = FastTarget(tiny_model("llama").to(torch.bfloat16), 64)
     assert compute_dtype(bf16) is (torch.bfloat16 if packs else None)
     assert weights_for(bf16) == ("int4" if packs and int4 else "full")
@@ -824,12 +831,16 @@ def test_fast_path_refuses_what_it_cannot_run():
 
 @pytest.mark.parametrize("packing", [(), ("onednn",)], ids=["unpacked", "onednn"])
 @pytest.mark.parametrize("arch", FAST_ARCHS)
-def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing):
+def test_bf16_fast_path_verifies_bitwise_as_one_token_decoding(arch, packing, monkeypatch):
     """With bf16 weights the fast path's attention runs in float64 (its cache too), so that a chain
     or tree verification gives bitwise the logits of one-token decoding; greedy speculative output
     then equals plain decoding on the same forward token for token, near-ties included. Unpacked
-    and with oneDNN's prepacked bf16 matmuls alike."""
+    and with oneDNN's prepacked bf16 matmuls alike. (The bf16 path of bf16 matmuls; a bf16 target
+    in the native bf16-weight kernels: test_native_bf16.)"""
+    from eagle3cli.decode.fast_target import Decoder
     from eagle3cli.decode.fast_tuning import row_invariant
+
+    monkeypatch.setattr(Decoder, "BF16_NATIVE", False)
 
     target = tiny_model(arch).to(torch.bfloat16)
     fast = FastTarget(target, 128, packed_rows=packing)

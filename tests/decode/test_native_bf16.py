@@ -1,0 +1,126 @@
+"""The native kernels for bf16 weights (fp32 activations, fp32 sums): bitwise the fp32 kernels run
+on the same weights rounded to bf16, on this CPU's build and the AVX2 build; and the fast path of a
+bf16 target over them (``Decoder.mixed``), exact as fp32 is: a verification is bitwise one-token
+decoding, so speculative output is plain decoding token for token."""
+
+import platform
+
+import pytest
+import torch
+
+from eagle3cli.decode import native
+from eagle3cli.decode.fast_target import Decoder, FastTarget
+from eagle3cli.decode.fast_tuning import row_invariant
+from eagle3cli.decode.generator import greedy_generate, speculative_generate
+from tests.helpers.decoding import NO_EOS, Oracle, prompt
+from tests.helpers.tiny import tiny_model
+
+BUILDS = ["native", "haswell"]
+
+
+@pytest.fixture(params=BUILDS)
+def build(request):
+    """This CPU's build, then the AVX2 build (on an AVX-512 CPU too), this CPU's back in use after."""
+    march = request.param
+    if native.kernel() is None:
+        pytest.skip(f"no native kernels here: {native.status()}")
+    if march != "native" and (platform.machine() not in ("x86_64", "AMD64") or "avx2" not in
+                              open("/proc/cpuinfo").read()):
+        pytest.skip("this CPU does not run the AVX2 build")
+    try:
+        assert native.use(march), native.status()
+        assert native.available_bf16(), native.status_bf16()
+        yield march
+    finally:
+        native.use()
+
+
+def test_the_bf16_build_is_its_own_library(build):
+    assert native.status_bf16().startswith("built with ") and "kernels-wbf16-" in native.status_bf16()
+    assert native.library_path("cc", build, bf16=True) != native.library_path("cc", build)
+
+
+@pytest.mark.parametrize("rows,cols", [(960, 576), (13, 48), (7, 33), (5, 16), (1, 1)])
+def test_bf16_weights_give_bitwise_the_fp32_kernel_on_the_rounded_weights(build, rows, cols):
+    """One row and 2..8 (and 16) rows at once, with a bias and a residual added: the widened bf16
+    weights go through the same tiles in the same order as fp32 weights of the same values."""
+    g = torch.Generator().manual_seed(rows * cols)
+    w = torch.randn(rows, cols, generator=g).bfloat16()
+    b, x = torch.randn(rows, generator=g), torch.randn(native.MAX_ROWS, cols, generator=g)
+    add = torch.randn(native.MAX_ROWS, rows, generator=g)
+    bf16, fp32 = native.Matrix(w, b), native.Matrix(w.float(), b)
+    assert bf16.bf16 and not fp32.bf16
+    for m in [*range(1, 9), native.MAX_ROWS]:
+        out = bf16(x[:m])
+        assert torch.equal(out, fp32(x[:m])), m
+        assert torch.equal(bf16(x[:m], add[:m]), fp32(x[:m], add[:m])), m
+        assert torch.equal(out[-1:], bf16(x[m - 1:m]))  # a row alone is the row in a batch
+    torch.testing.assert_close(bf16(x).double(), x.double() @ w.double().T + b.double(), atol=1e-4 * cols ** 0.5,
+                               rtol=1e-5)
+
+
+def test_a_bf16_matrix_refuses_bf16_inputs():
+    if not native.available_bf16():
+        pytest.skip(native.status_bf16())
+    m = native.Matrix(torch.randn(8, 16).bfloat16())
+    with pytest.raises(ValueError, match="at most 16 fp32 rows"):
+        m(torch.randn(2, 16).bfloat16())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_bf16_targets_fast_path_is_the_fp32_one_on_its_weights(build, arch):
+    """The mixed fast path of a bf16 target (matrices bf16 in the native kernels, the rest fp32)
+    decodes bitwise what the fp32 fast path decodes on the same model upcast: one row at a time and
+    four rows at once."""
+    target = tiny_model(arch).to(torch.bfloat16)
+    ids = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7))
+
+    def steps(fast):
+        assert fast._native_layers(1) and fast._native_layers(4)
+        out = [fast.forward(ids[i:i + 1], torch.tensor([i]), i)[0] for i in range(16)]
+        return torch.cat(out + [fast.forward(ids[16:], torch.arange(16, 20), 16)[0]])
+
+    mixed = FastTarget(target, 64)
+    assert mixed.decoder.mixed and mixed.head.weight.dtype == torch.bfloat16
+    assert mixed.embed.dtype == mixed.k.dtype == mixed.layers[0].ln1.dtype == torch.float32
+    assert all(lin.weight.dtype == torch.bfloat16 for lin in mixed.decoder.linears())
+    fp32 = FastTarget(tiny_model(arch).to(torch.bfloat16).float(), 64, packed_rows=("native",))
+    assert not fp32.decoder.mixed
+    assert torch.equal(steps(mixed), steps(fp32))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_bf16_weights_speculative_decoding_is_plain_decoding(build, arch):
+    """Exact like fp32 (not ``low_precision``: eval's start-up check has nothing to check): a chain
+    or tree verification of up to 16 rows gives bitwise the logits of one-token decoding, and greedy
+    speculative output is plain decoding token for token. A prompt of more rows than the kernel
+    serves goes in chunks of them."""
+    target = tiny_model(arch).to(torch.bfloat16)
+    fast = FastTarget(target, 128)
+    assert fast.decoder.mixed and not fast.low_precision
+    assert all(row_invariant(fast, rows) for rows in (2, 3, 4, 5, 8, native.MAX_ROWS))
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    accepted = 0
+    for i in range(2):
+        ids = prompt(40 + i, n=12 + 11 * i)  # 23 prompt rows: two chunks
+        ref = greedy_generate(target, ids, 30, eos_token_id=NO_EOS, fast=fast)
+        for kw in (dict(mode="tree", total_tokens=15, depth=4, top_k=3), dict(mode="chain", steps=3)):
+            out = speculative_generate(target, oracle, ids, max_new_tokens=30, eos_token_id=NO_EOS, fast=fast, **kw)
+            assert out.path == "fast" and out.tokens == ref, f"{kw['mode']} prompt {i}"
+            accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > 5
+
+
+def test_mixed_is_off_for_an_explicit_dtype_or_the_switch(monkeypatch):
+    """An explicit compute dtype, or ``BF16_NATIVE`` off, keeps the bf16 path of oneDNN matmuls and
+    float64 attention (low precision, checked at start-up)."""
+    if not native.available_bf16():
+        pytest.skip(native.status_bf16())
+    target = tiny_model("llama").to(torch.bfloat16)
+    assert not Decoder(target, dtype=torch.bfloat16).mixed
+    assert not Decoder(tiny_model("llama")).mixed
+    for arch in ("qwen3", "granite", "mistral"):  # not run whole by the native layer: the exact bf16 path
+        assert not Decoder(tiny_model(arch).to(torch.bfloat16)).mixed, arch
+    monkeypatch.setattr(Decoder, "BF16_NATIVE", False)
+    fast = FastTarget(target, 32)
+    assert not fast.decoder.mixed and fast.low_precision and fast.embed.dtype == torch.bfloat16
