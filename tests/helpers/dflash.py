@@ -1,14 +1,27 @@
 """A random DFlash draft of a tiny target and a drafter whose blocks follow the target's greedy
-continuation (the decode and eval tests share them)."""
+continuation (the decode, eval, format and inspect tests share them)."""
 
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig
 
 from eagle3cli.decode.dflash_drafter import DFlashDrafter
 from eagle3cli.decode.generator import greedy_generate
 from eagle3cli.model.dflash import DFlashConfig, DFlashDraft, choose_mask_token
 from tests.helpers.decoding import NO_EOS
+
+# the target config of the format and inspect tests' drafts: 8 layers, a 101-token vocabulary
+TARGET = LlamaConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                     num_hidden_layers=8, vocab_size=101, max_position_embeddings=256, eos_token_id=2, pad_token_id=2)
+
+
+def tiny(block: int = 4, ids=(2, 4, 6), mask: int = 100) -> DFlashDraft:
+    """A random two-layer DFlash draft of ``TARGET`` with its own random embedding and head."""
+    cfg = DFlashConfig.from_target(TARGET, ids, block_size=block, mask_token_id=mask, num_hidden_layers=2)
+    d = DFlashDraft(cfg, embed_weight=torch.randn(101, 32), head_weight=torch.randn(101, 32))
+    d.init_weights(std=0.1, seed=0)
+    return d
 
 
 def dflash_draft(target, block: int = 4, layers: int = 1, seed: int = 0) -> DFlashDraft:

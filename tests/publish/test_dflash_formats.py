@@ -11,22 +11,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3cli.model.dflash import DFlashConfig, DFlashDraft
+from eagle3cli.model.dflash import DFlashDraft
 from eagle3cli.publish.dflash_export import draft_type_of, layout_of, save_dflash
 from eagle3cli.publish.draft_check import CorruptDraft
 from eagle3cli.publish.export import load_draft, save_draft
 from eagle3cli.publish.inspector import inspect_any
+from tests.helpers.dflash import TARGET, tiny
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "dflash" / "speculators_0.9.0_config.json"
-TARGET = LlamaConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                     num_hidden_layers=8, vocab_size=101, max_position_embeddings=256, eos_token_id=2, pad_token_id=2)
-
-
-def tiny(block: int = 4, ids=(2, 4, 6), mask: int = 100) -> DFlashDraft:
-    cfg = DFlashConfig.from_target(TARGET, ids, block_size=block, mask_token_id=mask, num_hidden_layers=2)
-    d = DFlashDraft(cfg, embed_weight=torch.randn(101, 32), head_weight=torch.randn(101, 32))
-    d.init_weights(std=0.1, seed=0)
-    return d
 
 
 def read(p: Path) -> dict:

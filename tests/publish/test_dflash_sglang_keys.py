@@ -10,7 +10,7 @@ import torch
 
 from eagle3cli.publish.dflash_check import inspect_dflash
 from eagle3cli.publish.export import save_draft
-from tests.publish.test_dflash_formats import tiny
+from tests.helpers.dflash import tiny
 
 
 def _problems(tmp_path, edit) -> list[str]:
