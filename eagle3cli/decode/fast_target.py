@@ -31,10 +31,7 @@ faster on this CPU. With bf16
 weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
 the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
 so that verifying is bitwise one-token decoding (``attention_dtype``, ``fast_tuning.row_invariant``).
-Where the native kernels are built, a bf16 target instead keeps its matrices (q|k|v, o, gate|up,
-down, the LM head) in bf16 for the native bf16-weight kernels and computes everything else in
-fp32 (embeddings and norms upcast once): half the bytes a step streams, and exact as fp32 is
-(``Decoder.mixed``; a verification is bitwise one-token decoding by construction).
+With the native kernels built, a bf16 target's matrices stay bf16 there, fp32 around them: ``Decoder.mixed``.
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
@@ -135,8 +132,7 @@ def _weights(*tensors, dtype=None) -> torch.Tensor:
 
 class Layer:
     def __init__(self, layer, packed_rows, dtype=None, mixed: bool = False):
-        """``mixed``: the four matrices in bf16 for the native bf16-weight kernel, the rest in ``dtype``."""
-        a, m = layer.self_attn, layer.mlp
+        a, m = layer.self_attn, layer.mlp  # mixed: the four matrices bf16 (native kernels), the rest in dtype
         wdtype = torch.bfloat16 if mixed else dtype
         # Gemma 3: norms after each sublayer too, the MLP's before it is pre_feedforward_layernorm
         self.gemma = hasattr(layer, "pre_feedforward_layernorm")
@@ -147,8 +143,8 @@ class Layer:
         bias = None
         if a.q_proj.bias is not None:
             bias = _weights(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, dtype=dtype)
-        self.qkv = Linear(_weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=wdtype), bias, packed_rows,
-                          mixed)
+        qkv = _weights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, dtype=wdtype)
+        self.qkv = Linear(qkv, bias, packed_rows, mixed)
         self.o = Linear(_weights(a.o_proj.weight, dtype=wdtype), None, packed_rows, mixed)
         self.gate_up = Linear(_weights(m.gate_proj.weight, m.up_proj.weight, dtype=wdtype), None, packed_rows, mixed)
         self.down = Linear(_weights(m.down_proj.weight, dtype=wdtype), None, packed_rows, mixed)
@@ -197,15 +193,13 @@ class Decoder:
     """The target's decoder as plain tensors (fused q|k|v and gate|up, packed matmuls), with no
     cache: what ``FastTarget`` (one sequence) and ``batch_decode.SlotTarget`` (many) share."""
 
-    # A bf16 target on a CPU with the native bf16-weight kernels built: matrices in bf16 there,
-    # everything else in fp32 (``mixed``). Off: the bf16 path of oneDNN matmuls and float64 attention.
-    BF16_NATIVE = True
+    BF16_NATIVE = True  # bf16 targets ``mixed`` where it applies; off: bf16 matmuls and float64 attention
 
     def __init__(self, model, packed_rows: tuple[int, ...] = (), purpose: str = "the fast path", dtype=None,
                  families=FAST_PATH_TYPES, mixed: bool | None = None):
         """``dtype``: compute in it (the weights are cast once); None keeps the model's. ``families``:
-        the model types the caller's forward runs. ``mixed`` (None: where it applies, ``mixed_applies``):
-        bf16 matrices in the native bf16-weight kernels, fp32 compute around them."""
+        the model types the caller's forward runs. ``mixed`` (None: ``mixed_applies``): bf16 matrices in
+        the native bf16-weight kernels, fp32 around them."""
         from ..model.target import base_model
 
         reason = unsupported_reason(model, families)
@@ -214,9 +208,7 @@ class Decoder:
         cfg = text_config(model.config)
         self.base = base_model(model)
         self.mixed = self.mixed_applies(model, dtype) if mixed is None else mixed
-        if self.mixed:
-            dtype = torch.float32
-        wdtype = torch.bfloat16 if self.mixed else dtype
+        dtype, wdtype = (torch.float32, torch.bfloat16) if self.mixed else (dtype, dtype)
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.hidden = cfg.hidden_size
@@ -238,21 +230,8 @@ class Decoder:
 
     @classmethod
     def mixed_applies(cls, model, dtype=None) -> bool:
-        """Whether a decoder of ``model`` kept in its own dtype (``dtype`` None) runs mixed: bf16
-        weights on a CPU where the native bf16-weight kernels are built, and layers that the native
-        layer runs whole (Llama-shaped: no q/k norms, Gemma 3 or Granite extras, sliding windows),
-        whose verification is bitwise one-token decoding by construction. Other families keep the
-        bf16 path, whose float64 attention and start-up check make them exact."""
-        from ..model.target import base_model
-
-        w = model.get_output_embeddings().weight
-        if not (cls.BF16_NATIVE and dtype is None and w.dtype == torch.bfloat16 and native.supports(w)):
-            return False
-        base = base_model(model)
-        first = base.layers[0]
-        return (getattr(first.self_attn, "q_norm", None) is None and not hasattr(first, "pre_feedforward_layernorm")
-                and getattr(first, "residual_multiplier", None) is None
-                and getattr(base, "embedding_multiplier", None) is None and not layout(model.config).windowed)
+        """Whether a decoder of ``model`` in its own dtype runs mixed (``packing.mixed_applies``)."""
+        return cls.BF16_NATIVE and dtype is None and packing.mixed_applies(model, layout(model.config).windowed)
 
     def linears(self) -> list[Linear]:
         return [lin for layer in self.layers for lin in layer.linears()] + [self.head]

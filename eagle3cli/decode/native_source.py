@@ -41,42 +41,28 @@ typedef int vti __attribute__((vector_size(32)));
 #define NH (16 / VL)  /* vectors a 16-lane sum takes */
 static inline void stv(float* p, vt a) { memcpy(p, &a, sizeof a); }
 
-/* The matrices' weights (wt): fp32, or bf16 built with -DEAGLE3_WBF16 (half the bytes a step
-   streams). LDW loads VL of them as a vt, WF one as a float: bf16 -> fp32 is exact (its 16 bits
-   are fp32's upper half), so a bf16 build computes bitwise what the fp32 build computes on the
-   same weights rounded to bf16, in the same order. Norms' weights, activations, the cache and
-   attention stay fp32. */
+/* The matrices' weights (wt): fp32, or bf16 with -DEAGLE3_WBF16 (activations, norms, cache, attention
+   stay fp32). LDW loads VL as a vt, WF one as a float: bf16 -> fp32 is exact, so a bf16 build gives
+   bitwise the fp32 build's results on the weights rounded to bf16. x86: one widening load and a shift
+   (GCC split the vector extension's in two: 11% slower on AVX2). A bf16 row is too short for the
+   hardware prefetcher: one row prefetches too (PF_ONE; SmolLM2's matmuls 33% faster, one AMX core). */
 #ifdef EAGLE3_WBF16
 typedef unsigned short wt;
-#if defined(__AVX512F__) || defined(__AVX2__)
-/* x86: one zero-extending load and a shift (GCC splits the vector extension's 16-lane
-   conversion into two 8-lane ones and a merge: 11% slower on AVX2, as much again on AVX-512) */
-#include <immintrin.h>
-static inline vt ldw(const wt* p) {
 #if defined(__AVX512F__)
-    __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
-#else
-    __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
-#endif
-    vt f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include <immintrin.h>
+#define WIDEN(p) _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p))), 16)
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define WIDEN(p) _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p))), 16)
 #else
 typedef unsigned short vwh __attribute__((vector_size(VL * 2), aligned(2)));
 typedef unsigned int vwu __attribute__((vector_size(VL * 4)));
-static inline vt ldw(const wt* p) {
-    vwu u = __builtin_convertvector(*(const vwh*)p, vwu) << 16;
-    vt f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#define WIDEN(p) (__builtin_convertvector(*(const vwh*)(p), vwu) << 16)
 #endif
+static inline vt ldw(const wt* p) { __typeof__(WIDEN(p)) u = WIDEN(p); vt f; memcpy(&f, &u, sizeof f); return f; }
 static inline float wf(wt b) { unsigned int u = (unsigned int)b << 16; float f; memcpy(&f, &u, 4); return f; }
 #define LDW ldw
 #define WF wf
-/* one row prefetches too: a bf16 row is half as long, too short for the hardware prefetcher to
-   ramp up on (one-row matmuls over SmolLM2's matrices 33% faster with it, one AMX Xeon core) */
 #define PF_ONE 1
 #else
 typedef float wt;

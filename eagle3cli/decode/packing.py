@@ -98,6 +98,24 @@ class Linear:
         return torch.ops.mkl._mkl_linear(x, self.packed[key], self.weight, self.bias, key)[:m]
 
 
+def mixed_applies(model, windowed: bool) -> bool:
+    """Whether ``model``'s fast path can hold its matrices in bf16 for the native bf16-weight kernel,
+    fp32 around them (``fast_target.Decoder.mixed``): bf16 weights on a CPU where that kernel is
+    built, and layers the native layer runs whole (Llama-shaped: no q/k norms, Gemma 3 or Granite
+    extras, sliding windows), whose verification is then bitwise one-token decoding by construction.
+    Other families keep the bf16 path, made exact by float64 attention and eval's start-up check."""
+    from ..model.target import base_model
+
+    w = model.get_output_embeddings().weight
+    if windowed or w.dtype != torch.bfloat16 or not native.supports(w):
+        return False
+    base = base_model(model)
+    first = base.layers[0]
+    return (getattr(first.self_attn, "q_norm", None) is None and not hasattr(first, "pre_feedforward_layernorm")
+            and getattr(first, "residual_multiplier", None) is None
+            and getattr(base, "embedding_multiplier", None) is None)
+
+
 def serving_key(keys: tuple, m: int) -> int | str | None:
     """The packed copy an m-row call uses among ``keys``: MKL's for exactly m rows; else the native
     kernel up to its row limit (``NATIVE_ONE``: one row); else oneDNN's; else (m > 1) the smallest MKL
