@@ -19,10 +19,9 @@ from typer.testing import CliRunner
 from eagle3cli.cli import app
 from eagle3cli.model.dflash import DFlashConfig, DFlashDraft, choose_mask_token
 from eagle3cli.publish.export import save_draft
-from tests.helpers.evaluate import engine_eval_args, python_wrapper
+from tests.helpers.evaluate import engine_eval_args, engine_turns, fake_llama_bin
 
 runner = CliRunner()
-FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_llama_server.py"
 BLOCK = 4
 
 
@@ -38,21 +37,12 @@ def dflash_case(target_dir, tmp_path):
     d = DFlashDraft(DFlashConfig.from_target(cfg, ids, block_size=BLOCK, mask_token_id=mask, num_hidden_layers=1))
     d.init_weights(std=0.1, seed=0)
     draft = save_draft(d, tmp_path / "draft", {"layer_ids": list(ids), "block_size": BLOCK}, dtype=torch.float32)
-    turns = tmp_path / "mini.jsonl"
-    turns.write_text("\n".join(json.dumps(r) for r in [
-        {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
-        {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
-    ]) + "\n")
-    return target_dir, draft, turns
+    return target_dir, draft, engine_turns(tmp_path)
 
 
 @pytest.fixture
 def fake_bin(tmp_path, monkeypatch):
-    d = tmp_path / "llama-bin"
-    python_wrapper(d / "llama-server", FAKE)
-    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
-    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
-    return d
+    return fake_llama_bin(tmp_path, monkeypatch)
 
 
 def test_eval_engine_llamacpp_serves_a_dflash_draft_with_draft_dflash(smol_tiny_dir, tmp_path, fake_bin):

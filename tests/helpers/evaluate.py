@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -24,15 +25,33 @@ def make_draft(target_dir, out_dir, hidden=None):
     return save_draft(d, out_dir)
 
 
-def engine_case(target_dir, tmp_path):
-    """What the engine tests (eval --engine vllm, llama.cpp) run: the target, a draft for it and
-    two questions, one of two turns and one of one (3 answers)."""
+FAKE_LLAMA_SERVER = Path(__file__).resolve().parent / "fake_llama_server.py"
+
+
+def engine_turns(tmp_path) -> Path:
+    """The engine tests' two questions, one of two turns and one of one (3 answers), as ``--data``."""
     turns = tmp_path / "mini.jsonl"
     turns.write_text("\n".join(json.dumps(r) for r in [
         {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
         {"question_id": 2, "category": "math", "turns": ["What is 12 times 7?"]},
     ]) + "\n")
-    return target_dir, make_draft(target_dir, tmp_path / "draft"), turns
+    return turns
+
+
+def engine_case(target_dir, tmp_path):
+    """What the engine tests (eval --engine vllm, llama.cpp) run: the target, a draft for it and
+    ``engine_turns``."""
+    return target_dir, make_draft(target_dir, tmp_path / "draft"), engine_turns(tmp_path)
+
+
+def fake_llama_bin(tmp_path, monkeypatch) -> Path:
+    """A folder holding a fake ``llama-server`` (fake_llama_server.py) that logs its arguments to
+    tmp_path/args.jsonl, with $EAGLE3_LLAMA_CPP unset so that the folder given is the one found."""
+    d = tmp_path / "llama-bin"
+    python_wrapper(d / "llama-server", FAKE_LLAMA_SERVER)
+    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
+    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
+    return d
 
 
 def engine_eval_args(target, draft, turns, out, engine: str, *flags) -> list[str]:

@@ -20,7 +20,7 @@ from eagle3cli.cli import app
 gguf = pytest.importorskip("gguf")
 
 from tests.helpers.evaluate import engine_case as eval_engine_case  # noqa: E402
-from tests.helpers.evaluate import engine_eval_args, python_wrapper  # noqa: E402
+from tests.helpers.evaluate import engine_eval_args, fake_llama_bin, python_wrapper  # noqa: E402
 from tests.helpers.evaluate import make_draft as make_eval_draft  # noqa: E402
 from tests.helpers.gguf import CHAT, write_tiny_gguf  # noqa: E402
 
@@ -175,11 +175,7 @@ def test_converter_writes_what_we_write(smol_tiny_dir, tmp_path, outtype):
 
 @pytest.fixture
 def fake_bin(tmp_path, monkeypatch):
-    d = tmp_path / "llama-bin"
-    python_wrapper(d / "llama-server", FAKE)
-    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.jsonl"))
-    monkeypatch.delenv("EAGLE3_LLAMA_CPP", raising=False)
-    return d
+    return fake_llama_bin(tmp_path, monkeypatch)
 
 
 @pytest.fixture
