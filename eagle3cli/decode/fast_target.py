@@ -405,8 +405,8 @@ class FastTarget:
         """Whether n-row steps run ``native.NativeLayer``s under the matmuls' current packing."""
         if self._native_for != packing.packings:
             self._native_for, self._native, self._native_rows = packing.packings, None, {}
-            plain = all(not lay.gemma and lay.qk_norms is None and lay.res_mult is None for lay in self.layers)
-            if (self.NATIVE_LAYERS and plain and not self.layout.windowed and self.decoder.embed_mult is None
+            plain = packing.native_runs_whole(self.decoder.base)
+            if (self.NATIVE_LAYERS and plain and not self.layout.windowed
                     and self.attn_dtype == torch.float32 and native.available()):
                 self._native = [native.NativeLayer(lay, self.n_heads, self.n_kv, self.head_dim) for lay in self.layers]
         use = self._native_rows.get(n)

@@ -109,11 +109,16 @@ def mixed_applies(model, windowed: bool) -> bool:
     w = model.get_output_embeddings().weight
     if windowed or w.dtype != torch.bfloat16 or not native.supports(w):
         return False
-    base = base_model(model)
-    first = base.layers[0]
-    return (getattr(first.self_attn, "q_norm", None) is None and not hasattr(first, "pre_feedforward_layernorm")
-            and getattr(first, "residual_multiplier", None) is None
-            and getattr(base, "embedding_multiplier", None) is None)
+    return native_runs_whole(base_model(model))
+
+
+def native_runs_whole(base) -> bool:
+    """Whether ``native.NativeLayer`` runs every layer of ``base`` (an HF base model) whole: no q/k
+    norms (Qwen3), no norms after the sublayers (Gemma 3), no residual or embedding multipliers
+    (Granite). The fast path's native layers and its mixed mode both ask this."""
+    return getattr(base, "embedding_multiplier", None) is None and all(
+        getattr(lay.self_attn, "q_norm", None) is None and not hasattr(lay, "pre_feedforward_layernorm")
+        and getattr(lay, "residual_multiplier", None) is None for lay in base.layers)
 
 
 def serving_key(keys: tuple, m: int) -> int | str | None:

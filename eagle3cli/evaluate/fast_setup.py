@@ -127,8 +127,10 @@ def pack_drafter(drafter, settings, log=print) -> dict | None:
 
 def eval_dtype(spec, cfg: EvalConfig, config=None) -> str:
     """What ``--dtype auto`` loads the target in for our generator: bfloat16 on a CPU with AMX when
-    the fast path verifies greedily there (a 16-row verification costs 1.3x one row in bf16 against
-    1.6x in fp32: docs/benchmarks.md, "Verification cost"), else what auto means for every command
+    the fast path verifies greedily there (a Llama-shaped target's bf16 matrices in the native
+    kernels stream half fp32's bytes: SmolLM2 plain decoding, 78 tok/s against 44 on 2 AMX Xeon
+    cores, docs/benchmarks.md "Plain decoding against llama.cpp"; other families verify many rows for
+    little more than one in AMX's bf16 matmuls), else what auto means for every command
     (bf16 on a GPU, fp32 on a CPU). A start-up check (``check_exact``) keeps it lossless; if it
     fails, eval reloads the target in fp32. A target the fast path does not take (``config``'s
     family or sliding windows) verifies through the HF forward, whose bf16 rows are not those of
