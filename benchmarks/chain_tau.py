@@ -70,8 +70,9 @@ def main(argv=None) -> int:
 
 def setup(args, draft_dtype: str = "float32"):
     """(target, tokenizer, draft, SpecSettings, FastTarget or None, why not) as ``eagle3 eval`` builds
-    them from ``args`` (model, draft, mode, steps, tree, max_new_tokens, fast): an fp32 target on
-    the CPU, its fast path packed the fastest way measured here."""
+    them from ``args`` (model, draft, mode, steps, tree, max_new_tokens, fast, and dtype where given):
+    an fp32 target on the CPU unless ``args.dtype`` says otherwise, its fast path packed the fastest
+    way measured here."""
     import torch
 
     from eagle3cli.decode.generator import SpecSettings
@@ -81,7 +82,7 @@ def setup(args, draft_dtype: str = "float32"):
     from eagle3cli.publish.formats.readers import read_draft
     from eagle3cli.publish.formats.writers import as_ours
 
-    spec = TargetSpec(args.model, device="cpu", dtype="float32")
+    spec = TargetSpec(args.model, device="cpu", dtype=getattr(args, "dtype", None) or "float32")
     target, tok = load_target(spec), load_tokenizer(spec)
     draft, _ = read_draft(as_ours(args.draft, load_config(spec)), target=target, dtype=getattr(torch, draft_dtype))
     draft.eval()

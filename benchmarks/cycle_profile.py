@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--tree", default="12,4,4", help="tree mode: TOTAL,DEPTH,TOPK")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="float32", help="the target's (eval picks bfloat16 on AMX CPUs)")
     p.add_argument("--draft-dtype", default="float32")
     p.add_argument("--draft-weights", default="full", choices=["full", "int8", "int4"])
     args = p.parse_args(argv)
