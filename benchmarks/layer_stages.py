@@ -1,7 +1,7 @@
 """Where a native decoding step's time goes, stage by stage, as the row count grows.
 
     PYTHONPATH=. python benchmarks/layer_stages.py --model $SMOL [--rows 1,2,3,4] [--march native,haswell] \\
-        [--rounds 7] [--threads 2] [--prefix 120]
+        [--rounds 7] [--threads 2] [--prefix 120] [--dtype bfloat16]
 
 A verification of n rows should cost about what one row's step costs (the weights are read once
 for all of them); what grows with the rows is the arithmetic and the per-row work (norms,
@@ -38,17 +38,19 @@ from eagle3cli.decode.native_source import SOURCE  # noqa: E402
 STAGES = ("norms", "qkv", "attention", "o", "gate_up", "silu", "down")
 
 
-def build(march: str, out: Path) -> ctypes.CDLL:
-    """The kernels for ``march`` with the stage counters, compiled as ``native`` compiles them."""
+def build(march: str, out: Path, bf16: bool = False) -> ctypes.CDLL:
+    """The kernels for ``march`` (``bf16``: the bf16-weight build) with the stage counters, compiled as
+    ``native`` compiles them."""
     cc = native._compiler()
     if cc is None:
         sys.exit("no C compiler (set CC)")
-    src = out / f"stages-{march}.c"
+    name = f"stages-{march}{'-bf16' if bf16 else ''}"
+    src = out / f"{name}.c"
     src.write_text(SOURCE)
-    lib = out / f"stages-{march}.so"
+    lib = out / f"{name}.so"
     gomp = native._torch_gomp()
     link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}"] if gomp is not None else []
-    subprocess.run([cc, *native._flags(march), "-DEAGLE3_STAGES", "-o", str(lib), str(src), *link, "-lm"],
+    subprocess.run([cc, *native._flags(march, bf16), "-DEAGLE3_STAGES", "-o", str(lib), str(src), *link, "-lm"],
                    check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(lib))
 
@@ -74,6 +76,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefix", type=int, default=120)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="bfloat16: the target in bf16, its matrices in the bf16-weight build (eval's on AMX)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -84,12 +88,16 @@ def main():
         args.model = str(smollm2_dir())
     rows = [int(v) for v in args.rows.split(",")]
     marches = args.march.split(",")
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    bf16 = args.dtype == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     tmp = tempfile.TemporaryDirectory()
     counters = {}
     for m in marches:  # each build under its own key, so that native.use switches every call to it
         lib = build(m, Path(tmp.name))
         native._builds[f"{m}+stages"] = (*native.bind(lib, m), f"-march={m}, -DEAGLE3_STAGES")
+        if bf16:  # the layers run the bf16-weight build: its counters are the ones to read
+            lib = build(m, Path(tmp.name), bf16=True)
+            native._bf16_builds[f"{m}+stages"] = (*native.bind(lib, m), f"-march={m}, -DEAGLE3_STAGES, bf16")
         counters[m] = (ctypes.c_double * len(STAGES)).in_dll(lib, "eagle3_stage_s")
     native.use(f"{marches[0]}+stages")
     fast = FastTarget(model, args.prefix + max(rows) + 1)

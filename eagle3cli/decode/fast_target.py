@@ -21,17 +21,16 @@ that also follow each sublayer, gelu-tanh, query_pre_attn_scalar, a RoPE table p
 each sliding layer's window in its mask (by the row's position), final soft-capping if set.
 
 The cache is preallocated ([layers, kv heads, positions, head_dim], 1,024 positions, doubled when
-a sequence outgrows it, up to max_len); keeping the accepted
-tree path moves those few entries into place (``keep``) instead of rebuilding every layer.
-On a CPU with fp32 weights, the matmuls use a prepacked GEMM (what inductor's CPU freezing
-uses): MKL's, specialised for the verification's row count (smaller inputs padded), or oneDNN's,
-one copy for every row count, or our compiled kernel (``native.Matrix``: a verification's few rows,
-at the memory's streaming rate, row-invariant); ``fast_tuning.tune_packing`` measures which is
-faster on this CPU. With bf16
-weights (on AMX CPUs a many-row verification costs less over one row than in fp32)
-the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in float64
-so that verifying is bitwise one-token decoding (``attention_dtype``, ``fast_tuning.row_invariant``).
-With the native kernels built, a bf16 target's matrices stay bf16 there, fp32 around them: ``Decoder.mixed``.
+a sequence outgrows it, up to max_len); keeping the accepted tree path moves those few entries
+into place (``keep``) instead of rebuilding every layer. On a CPU with fp32 weights, the matmuls
+use a prepacked GEMM (what inductor's CPU freezing uses): MKL's, specialised for the verification's
+row count (smaller inputs padded), or oneDNN's, one copy for every row count, or our compiled
+kernel (``native.Matrix``: a verification's few rows, at the memory's streaming rate,
+row-invariant); ``fast_tuning.tune_packing`` measures which is faster on this CPU. With bf16
+weights the matmuls are unpacked or oneDNN-prepacked, again as measured, and attention runs in
+float64 so that verifying is bitwise one-token decoding (``attention_dtype``,
+``fast_tuning.row_invariant``). With the native kernels built, a bf16 target's matrices stay bf16
+there, fp32 around them: ``Decoder.mixed``.
 
 ``FastTarget.supports(model)`` says whether a model can take this path; the generator falls
 back to the HF forward otherwise and reports which path ran.
@@ -336,8 +335,8 @@ class FastTarget:
         """Run n new tokens ``ids`` [n] at ``positions`` [n], writing cache slots past..past+n-1.
 
         ``mask``: bool [n, past + n] "may attend" (None: causal over the new tokens, all of the
-        prefix visible). Returns (logits [n or 1, V], {j: hidden_states[j] [1, n, H]}).
-        """
+        prefix visible). Returns (logits [n or 1, V], {j: hidden_states[j] [1, n, H]}). ``logits``
+        "last": a prefill, whose rows no verification compares (``packing.prefill``)."""
         n = ids.shape[0]
         if past + n > self.max_len:
             raise ValueError(f"the fast path's cache holds {self.max_len} positions; {past + n} asked")
@@ -348,7 +347,8 @@ class FastTarget:
         if self._native_layers(n):
             x = self._native_step(x, positions, past, mask, want, hidden)
         else:
-            x = self._torch_layers(x, positions, past, mask, want, hidden)
+            with packing.prefill(logits == "last"):
+                x = self._torch_layers(x, positions, past, mask, want, hidden)
         x = self.decoder.final_norm(x, self.norm, self.norm_eps)
         if len(self.layers) in want:
             hidden[len(self.layers)] = x[None]

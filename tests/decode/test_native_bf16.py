@@ -124,3 +124,49 @@ def test_mixed_is_off_for_an_explicit_dtype_or_the_switch(monkeypatch):
     monkeypatch.setattr(Decoder, "BF16_NATIVE", False)
     fast = FastTarget(target, 32)
     assert not fast.decoder.mixed and fast.low_precision and fast.embed.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("gemm", [True, False])
+def test_a_long_prompt_takes_one_bf16_gemm_and_verification_stays_exact(monkeypatch, gemm):
+    """A prefill of more rows than the native kernel serves goes through one bf16 GEMM per matrix
+    where the CPU multiplies bf16 (``packing.prompt_gemm``; forced both ways here), the native
+    kernel's chunks elsewhere; a verification of as many rows never takes the GEMM, so it stays
+    bitwise one-token decoding and speculative output stays plain decoding. Both routes give the
+    prompt's last logits within bf16 rounding of each other. (Past the kernel's rows a verification
+    runs torch's attention, which is not row-invariant here: eval's start-up check refuses such
+    trees in bf16.)"""
+    from eagle3cli.decode import packing
+
+    if not native.available_bf16():
+        pytest.skip(native.status_bf16())
+    monkeypatch.setattr(packing, "_prompt_gemm", gemm)
+    calls = []
+    linear = packing.F.linear
+    monkeypatch.setattr(packing, "F", type("F", (), {"linear": staticmethod(
+        lambda x, w, *a: calls.append(x.dtype) or linear(x, w, *a))}))
+    target = tiny_model("llama").to(torch.bfloat16)
+    fast = FastTarget(target, 160)
+    assert fast.decoder.mixed
+    n = native.MAX_ROWS + 9
+    ids = prompt(3, n=n)
+    last = fast.forward(ids[0], torch.arange(n), 0, logits="last")[0]
+    layers = len(fast.layers)
+    assert calls == ([torch.bfloat16] * 4 * layers if gemm else [])
+    calls.clear()
+    more = native.MAX_ROWS + 4  # a verification of more rows than the kernel serves: its chunks, never the GEMM
+    fast.forward(prompt(4, n=more)[0], torch.arange(n, n + more), n)
+    assert calls == []
+    assert row_invariant(fast, native.MAX_ROWS)  # behind a 24-row prefix, the prefix through the GEMM
+    assert calls == ([torch.bfloat16] * 4 * layers if gemm else [])
+    monkeypatch.setattr(packing, "_prompt_gemm", not gemm)
+    other = fast.forward(ids[0], torch.arange(n), 0, logits="last")[0]
+    assert torch.allclose(last, other, atol=0.05, rtol=0.05) and int(last.argmax()) == int(other.argmax())
+    monkeypatch.setattr(packing, "_prompt_gemm", gemm)
+    ref = greedy_generate(target, ids, 24, eos_token_id=NO_EOS, fast=fast)
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    accepted = 0
+    for kw in (dict(mode="tree", total_tokens=15, depth=4, top_k=3), dict(mode="chain", steps=3)):
+        out = speculative_generate(target, oracle, ids, max_new_tokens=24, eos_token_id=NO_EOS, fast=fast, **kw)
+        assert out.path == "fast" and out.tokens == ref, kw["mode"]
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > 3
