@@ -126,8 +126,9 @@ def test_mixed_is_off_for_an_explicit_dtype_or_the_switch(monkeypatch):
     assert not fast.decoder.mixed and fast.low_precision and fast.embed.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("gemm", [True, False])
-def test_a_long_prompt_takes_one_bf16_gemm_and_verification_stays_exact(monkeypatch, gemm):
+def test_a_long_prompt_takes_one_bf16_gemm_and_verification_stays_exact(monkeypatch, gemm, arch):
     """A prefill of more rows than the native kernel serves goes through one bf16 GEMM per matrix
     where the CPU multiplies bf16 (``packing.prompt_gemm``; forced both ways here), the native
     kernel's chunks elsewhere; a verification of as many rows never takes the GEMM, so it stays
@@ -144,7 +145,7 @@ def test_a_long_prompt_takes_one_bf16_gemm_and_verification_stays_exact(monkeypa
     linear = packing.F.linear
     monkeypatch.setattr(packing, "F", type("F", (), {"linear": staticmethod(
         lambda x, w, *a: calls.append(x.dtype) or linear(x, w, *a))}))
-    target = tiny_model("llama").to(torch.bfloat16)
+    target = tiny_model(arch).to(torch.bfloat16)  # qwen2: q|k|v with a bias, added in fp32
     fast = FastTarget(target, 160)
     assert fast.decoder.mixed
     n = native.MAX_ROWS + 9
