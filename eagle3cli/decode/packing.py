@@ -90,13 +90,13 @@ class Linear:
 
     def _prompt(self, x: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
         """A bf16 weight against more rows than the native kernel serves. In a prefill (``prefill``:
-        no row is verified against one-row decoding), where the CPU multiplies bf16 in hardware, one
-        oneDNN bf16 GEMM on the rows rounded to bf16, its
-        output in fp32: the native kernel's per-row arithmetic is compute-bound on many rows (a
-        160-token SmolLM2 prompt took 260 ms in its chunks, 85 ms through HF's bf16 forward on 2
-        AMX Xeon cores). Otherwise the native kernel, NATIVE_MAX_ROWS at a time, each row computed as
-        one row is: a verification of more rows than it serves stays bitwise one-row decoding.
-        Plain and speculative decoding prefill alike, so their outputs stay equal."""
+        no row is verified against one-row decoding), where the CPU multiplies bf16 in hardware:
+        one oneDNN bf16 GEMM on the rows rounded to bf16, its output in fp32, since the native
+        kernel's per-row arithmetic is compute-bound on many rows (a 160-token SmolLM2 prompt: 251
+        ms in its chunks, 82 in the GEMM on 2 AMX Xeon cores; benchmarks/prefill.py). Otherwise
+        the native kernel, NATIVE_MAX_ROWS at a time, each row computed as one row is: a
+        verification of more rows than it serves stays bitwise one-row decoding. Plain and
+        speculative decoding prefill alike, so their outputs stay equal."""
         if _in_prefill and prompt_gemm():
             y = F.linear(x.to(torch.bfloat16), self.weight).float()
             if self.bias is not None:
