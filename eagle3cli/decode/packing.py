@@ -27,9 +27,9 @@ class Linear:
     kernel (``NATIVE``: ``native.Matrix``), which serves up to ``native.MAX_ROWS`` rows."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: tuple = (), mixed: bool = False):
-        """``mixed``: a bf16 weight against fp32 inputs, which only the native bf16-weight kernel
-        multiplies (``native.Matrix``): it serves every row count (more than its MAX_ROWS in chunks
-        of them, each row computed alike), whatever ``pack`` is asked for."""
+        """``mixed``: a bf16 weight against fp32 inputs, which the native bf16-weight kernel multiplies
+        (``native.Matrix``) whatever ``pack`` is asked for: up to its MAX_ROWS rows in one call, more in
+        chunks of them, each row computed alike, or a prefill's rows in one bf16 GEMM (``_prompt``)."""
         self.weight, self.bias = weight.contiguous(), bias
         self.mixed = mixed
         self.pack(packed_rows)

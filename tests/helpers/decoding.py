@@ -135,6 +135,28 @@ def fast_path_accepted(target, fast, seeds, new_tokens: int, label: str = "") ->
     return accepted
 
 
+FAST_SHAPES = (dict(mode="tree", total_tokens=15, depth=4, top_k=3), dict(mode="chain", steps=3))
+
+
+def accepted_on_fast_path(target, fast, ids, max_new_tokens: int, what: str = "") -> int:
+    """``fast_path_accepted`` held to the fast path's own plain decoding instead of HF's (a bf16 or
+    low-precision path, whose rows round unlike HF's forward): greedy speculative decoding of ``ids``
+    with an ``Oracle``, as a tree and as a chain (``FAST_SHAPES``), each asserted to be plain fast
+    decoding token for token; the drafted tokens accepted over both (the caller asserts enough were,
+    so the check had drafts to check)."""
+    from eagle3cli.decode.generator import greedy_generate, speculative_generate
+
+    oracle = Oracle(target, sharpen=1.0, noise=0.03)
+    ref = greedy_generate(target, ids, max_new_tokens, eos_token_id=NO_EOS, fast=fast)
+    accepted = 0
+    for kw in FAST_SHAPES:
+        out = speculative_generate(target, oracle, ids, max_new_tokens=max_new_tokens, eos_token_id=NO_EOS,
+                                   fast=fast, **kw)
+        assert out.path == "fast" and out.tokens == ref, f"{kw['mode']} {what}"
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    return accepted
+
+
 def sampled_marginals(target, drafter, mode: str, fast=None, n: int = 300, temperature: float = 0.8) -> int:
     """Speculative sampling at ``temperature`` from the prompt [1, 5, 3, 2] with ``n`` seeds (a tree
     of 6 tokens, depth 3, top-k 3, or a chain of 3; 3 new tokens each): asserts the 2nd and 3rd
