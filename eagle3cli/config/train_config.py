@@ -37,7 +37,8 @@ FAMILIES = {
 META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "init_std", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay",
-                  "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes", "loss_gamma")
+                  "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes", "loss_gamma",
+                  "dpace_alpha")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
@@ -47,6 +48,7 @@ KEEP = ("last", "best")
 VARIANTS = ("eagle3", "eagle3.1")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DRAFT_TYPES = ("eagle3", "dflash")
+POSITION_WEIGHTS = ("decay", "dpace")
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -129,6 +131,12 @@ class TrainConfig(TargetOptions):
                               "whose next token the loss scores.")
     loss_gamma: float = _f(0.0, "dflash: drafted position k weighs exp(-(k-1)/gamma) in the loss (0: 7 for blocks "
                                 "of 16, 4 for 8, else half the block less one, at least 1).")
+    position_weights: str = _f("decay", "dflash: how the loss weighs drafted position k: decay "
+                                        "(exp(-(k-1)/gamma), --loss-gamma) or dpace (by the chance that the "
+                                        "block is accepted up to k and beyond, from the draft's own confidences; "
+                                        "speculators' default).", choices=POSITION_WEIGHTS)
+    dpace_alpha: float = _f(0.5, "dflash with --position-weights dpace: confidences are smoothed to "
+                                 "(1 - alpha) q + alpha; 1 weighs every position alike, 0 the raw chances.")
     mask_token_id: int = _f(-1, "dflash: the token id whose embedding fills the block after the anchor; a real "
                                 "row of the target's embedding, never eos or pad (-1: the first spare row, else "
                                 "the last id that is no special token).")
@@ -242,6 +250,8 @@ class TrainConfig(TargetOptions):
                              f"{self.block_size}")
         if self.loss_gamma < 0:
             raise TrainError(f"--loss-gamma must be 0 (auto) or more, got {self.loss_gamma:g}")
+        if not 0 <= self.dpace_alpha <= 1:
+            raise TrainError(f"--dpace-alpha must lie in [0, 1], got {self.dpace_alpha:g}")
         if self.eval_prompts and not Path(self.eval_prompts).is_file():
             raise TrainError(f"--prompts {self.eval_prompts}: no such file")
         if alone:

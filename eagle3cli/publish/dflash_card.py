@@ -59,10 +59,13 @@ def facts(config: dict, target: str | None) -> list[tuple[str, str]]:
 
 
 def training_rows(meta: dict, base_rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """EAGLE-3's rows (``model_card.training_rows``) with DFlash's own: blocks, layers, anchors, gamma."""
+    """EAGLE-3's rows (``model_card.training_rows``) with DFlash's own: blocks, layers, anchors and the
+    loss's position weights (a gamma, or D-PACE's alpha)."""
+    dpace = meta.get("position_weights") == "dpace"
+    weights = (("Loss position weights: D-PACE, alpha", "dpace_alpha") if dpace else
+               ("Loss decay gamma (exp(-(k-1)/gamma))", "loss_gamma"))
     extra = [(label, str(meta[k])) for label, k in (("Draft layers", "draft_layers"), ("Block size", "block_size"),
-                                                    ("Anchors per sequence", "num_anchors"),
-                                                    ("Loss decay gamma (exp(-(k-1)/gamma))", "loss_gamma"))
+                                                    ("Anchors per sequence", "num_anchors"), weights)
              if meta.get(k) is not None]
     rows = [r for r in base_rows if not r[0].startswith(("Training-time-test", "Final top-1"))]
     metrics = meta.get("metrics") or {}

@@ -4,7 +4,8 @@
     labels  = the target's argmax at anchor + k - 1, i.e. the token greedy decoding puts at anchor + k
     logits  = draft(aux, ids, anchors)              # block-sparse mask: each block sees the context
                                                     # before its anchor and itself, nothing else
-    loss    = sum_k w_k CE_k / sum_k w_k,  w_k = exp(-(k-1)/gamma), k = 1..B-1
+    loss    = sum_k w_k CE_k / sum_k w_k,  w_k = exp(-(k-1)/gamma), k = 1..B-1   (--position-weights decay)
+              or w_k from the block's own confidences                          (--position-weights dpace)
 
 The labels are the target's own choices, as in EAGLE-3's teacher (``ttt.teacher_from_final``):
 greedy decoding accepts exactly those. The statistics have EAGLE-3's shape (``ttt.TTTOutput``,
@@ -35,6 +36,24 @@ def default_gamma(block_size: int) -> float:
 def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     """w_k = exp(-(k-1)/gamma) for the drafted positions k = 1..B-1."""
     return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32, device=device) / gamma)
+
+
+def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE position weights [..., B-1] from a block's cross-entropies (0 where not ``valid``).
+
+    Drafted token j is accepted only if 1..j all are, so the expected accepted length is
+    sum_j prod_{i<=j} q_i, with q_i the draft's probability of the label at i. Its gradient in
+    log q_k is w_k = sum_{j>=k} prod_{i<=j} q_i: the weight D-PACE puts on CE_k. The q are smoothed
+    to (1 - alpha) q + alpha so a block the draft does not know yet still teaches its later
+    positions (alpha 0.5 is speculators' default). Early in training this halves each position's
+    weight (a gamma of about 1.4); as the first positions are learned, the later ones gain weight.
+    No gradient flows through the weights.
+    """
+    with torch.no_grad():
+        q = torch.exp(-ce.float())
+        s = torch.where(valid, (1.0 - alpha) * q + alpha, torch.ones_like(q))
+        prefix = torch.cumprod(s, dim=-1) * valid
+        return prefix.flip(-1).cumsum(-1).flip(-1) * valid
 
 
 def sample_anchors(scored: torch.Tensor, lengths: torch.Tensor, count: int,
@@ -112,11 +131,12 @@ class DFlashLoss(nn.Module):
     """The draft wrapped for training, as ``ttt.TTTModel`` wraps EAGLE-3's: forward = one step's
     loss and statistics (a module so DDP/FSDP see the forward and synchronise gradients)."""
 
-    def __init__(self, draft, gamma: float | None = None):
+    def __init__(self, draft, gamma: float | None = None, dpace_alpha: float | None = None):
         super().__init__()
         self.draft = draft
         self.block = draft.config.block_size
         self.gamma = gamma or default_gamma(self.block)
+        self.dpace_alpha = dpace_alpha  # None: the fixed exp(-(k-1)/gamma) weights
         self.steps = self.block - 1  # the statistics' length: one entry per drafted position
         self.active = None  # the trainer's --ttt-warmup hook; a block is drafted whole, so unused
 
@@ -126,7 +146,12 @@ class DFlashLoss(nn.Module):
         h = self.draft.norm(states[valid])
         logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
         ce = F.cross_entropy(logits, labels[valid], reduction="none")
-        w = position_weights(self.block, self.gamma, labels.device).expand_as(labels)[valid]
+        if self.dpace_alpha is None:
+            w = position_weights(self.block, self.gamma, labels.device).expand_as(labels)[valid]
+        else:
+            full = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+            full[valid] = ce.detach()
+            w = dpace_weights(full, valid, self.dpace_alpha)[valid]
         loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
         if not valid.any():
             loss = states.sum() * 0.0  # no label in this micro-batch: a zero that still reaches every weight

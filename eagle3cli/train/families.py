@@ -155,7 +155,8 @@ class DFlashFamily:
         return draft, None
 
     def objective(self, draft, recompute: bool = True, held_out: bool = False):
-        return dflash_loss.DFlashLoss(draft, self.cfg.loss_gamma or None)
+        alpha = self.cfg.dpace_alpha if self.cfg.position_weights == "dpace" else None
+        return dflash_loss.DFlashLoss(draft, self.cfg.loss_gamma or None, alpha)
 
     def inputs(self, t, ids, aux, final, mask, batch, held_out: bool, seed: int | None):
         # Held-out blocks are the same every evaluation (a fixed seed): their metrics compare.
@@ -170,7 +171,9 @@ class DFlashFamily:
     def record(self, t) -> dict:
         c = self.cfg
         return {"block_size": c.block_size, "draft_layers": c.draft_layers, "num_anchors": c.num_anchors,
-                "loss_gamma": c.loss_gamma or dflash_loss.default_gamma(c.block_size)}
+                "loss_gamma": c.loss_gamma or dflash_loss.default_gamma(c.block_size),
+                "position_weights": c.position_weights,
+                **({"dpace_alpha": c.dpace_alpha} if c.position_weights == "dpace" else {})}
 
     def end_tokens(self, ends: set[int], t) -> set[int]:
         return ends  # the draft predicts over the target's whole vocabulary

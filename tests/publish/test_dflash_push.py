@@ -53,3 +53,14 @@ def test_the_card_gives_each_engines_count_and_the_eval_table(tmp_path):
     assert "| Final top-1 agreement per block position (held-out) | 0.500, 0.400, 0.300, 0.200, 0.100 |" in card
     assert "| Block size | 6 |" in card and "- dflash" in card and "EAGLE-3 speculative-decoding draft head" not in card
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]["mask_token_id"] == 100
+    assert "| Loss decay gamma (exp(-(k-1)/gamma)) | 4.0 |" in card and "D-PACE" not in card
+
+
+def test_the_card_names_dpace_position_weights_instead_of_a_gamma():
+    from eagle3cli.publish.dflash_card import training_rows
+
+    meta = {"block_size": 8, "draft_layers": 1, "num_anchors": 256, "loss_gamma": 4.0,
+            "position_weights": "dpace", "dpace_alpha": 0.5}
+    rows = dict(training_rows(meta, []))
+    assert rows["Loss position weights: D-PACE, alpha"] == "0.5" and "Loss decay gamma (exp(-(k-1)/gamma))" not in rows
+    assert rows["Anchors per sequence"] == "256"

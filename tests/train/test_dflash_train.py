@@ -67,6 +67,33 @@ def test_position_weights_decay_from_one():
     assert dflash_loss.default_gamma(8) == 4
 
 
+def test_dpace_weights_are_the_expected_accepted_lengths_gradient():
+    # alpha 0: w_k = d/d(log q_k) of E[accepted] = sum_j prod_{i<=j} q_i, by autograd.
+    q = torch.tensor([[0.9, 0.5, 0.2, 0.7]], dtype=torch.float64)
+    valid = torch.tensor([[True, True, True, True]])
+    logq = q.log().requires_grad_()
+    torch.cumprod(logq.exp(), -1).sum().backward()
+    w = dflash_loss.dpace_weights(-q.log(), valid, alpha=0.0)
+    assert torch.allclose(w.double(), logq.grad, atol=1e-6)
+    # alpha 0.5 smooths each q to (q + 1) / 2; an invalid position weighs 0 and breaks no chain.
+    w = dflash_loss.dpace_weights(-q.log(), torch.tensor([[True, True, False, True]]), alpha=0.5)
+    s = (q + 1) / 2
+    p1, p2 = s[0, 0], s[0, 0] * s[0, 1]
+    p4 = p2 * s[0, 3]
+    assert torch.allclose(w.double(), torch.stack([p1 + p2 + p4, p2 + p4, 0 * p1, p4])[None], atol=1e-6)
+    # alpha 1 weighs position k by the number of valid positions from k on.
+    assert dflash_loss.dpace_weights(-q.log(), valid, alpha=1.0).tolist() == [[4, 3, 2, 1]]
+
+
+def test_dpace_loss_weighs_its_blocks_and_takes_no_gradient_through_the_weights():
+    torch.manual_seed(0)
+    ce = torch.rand(3, 2, 5, requires_grad=True)
+    valid = torch.rand(3, 2, 5) > 0.2
+    w = dflash_loss.dpace_weights(ce, valid, 0.5)
+    assert not w.requires_grad and (w[~valid] == 0).all()
+    assert (w[..., :-1][valid[..., :-1] & valid[..., 1:]] >= w[..., 1:][valid[..., :-1] & valid[..., 1:]]).all()
+
+
 # ---- the trainer ------------------------------------------------------------------------------
 
 def test_dflash_trains_from_a_shared_store_and_its_loss_goes_down(both_store, target_dir, tmp_path):
@@ -78,6 +105,18 @@ def test_dflash_trains_from_a_shared_store_and_its_loss_goes_down(both_store, ta
     assert len(losses) >= 6 and sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2
     acc = [h["acc"] for h in res.history if "acc" in h]
     assert len(acc[-1]) == 3  # one statistic per drafted position (block of 4)
+
+
+def test_dpace_position_weights_train_and_are_recorded(both_store, target_dir, tmp_path):
+    cfg = dconfig(both_store, target_dir, tmp_path / "run", epochs=6, position_weights="dpace", dpace_alpha=0.25)
+    t = Trainer(cfg, quiet=True)
+    t.setup()
+    loss = t.family.objective(t.draft)
+    assert loss.dpace_alpha == 0.25
+    assert t.family.record(t)["position_weights"] == "dpace" and t.family.record(t)["dpace_alpha"] == 0.25
+    res = t.run(stop_after=10 ** 6)
+    losses = [h["loss"] for h in res.history if "loss" in h]
+    assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2
 
 
 def test_eagle3_picks_its_own_streams_from_the_shared_store(both_store, target_dir, tmp_path):
