@@ -22,6 +22,7 @@ with different settings is refused unless ``overwrite``.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
@@ -35,6 +36,8 @@ from .fingerprints import content_hash, data_fingerprint
 from .gen_errors import GenDataError
 from .gen_progress import run_shards
 from .samples import (
+    capture_budget,
+    capture_dtype,
     capture_samples,
     check_template_syntax,
     conversation_samples,
@@ -109,6 +112,7 @@ class Pipeline:
         self.stop_ids = eos_token_ids(self.end_ids, getattr(self.config, "eos_token_id", None),
                                       getattr(tc, "eos_token_id", None))
         self.regen_dtype, self.regen_recorded = self.resolve_regen_dtype()
+        self.capture_dtype = self.resolve_capture_dtype()
         self.sample_kw = {"template_kwargs": reasoning_kwargs(o.reasoning, self.template),
                           "last_turn_only": o.last_turn_only, "reasoning": o.reasoning}
 
@@ -133,6 +137,23 @@ class Pipeline:
         except ValueError as e:
             raise GenDataError(str(e)) from None
         return name, (None if DTYPES[name] == own else name)
+
+    def resolve_capture_dtype(self) -> str | None:
+        """The dtype the target is loaded and captures features in, when not its own (None: its own;
+        ``samples.capture_dtype``), checked before any weights are loaded."""
+        from ..model.target import DTYPES, default_device, resolve_dtype
+
+        o = self.opts
+        if o.features != "offline" or o.engine != "hf":
+            return None
+        device = self.spec.device or default_device()
+        own = next(k for k, v in DTYPES.items() if v == resolve_dtype(self.spec.dtype, device))
+        try:
+            name = capture_dtype(o.capture_dtype, device, own, self.spec.load_in_8bit or self.spec.load_in_4bit,
+                                 self.regen_dtype)
+        except ValueError as e:
+            raise GenDataError(str(e)) from None
+        return None if name == own else name
 
     def load_data(self):
         from .raw_rows import SourceError
@@ -319,7 +340,8 @@ class Pipeline:
                 n_convs = len(convs)
                 on_progress = None if o.regenerate else (
                     lambda done: self.progress.within_shard(n_convs * done // len(samples)))
-                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens, on_progress)
+                capture_samples(self.model, samples, self.layers.ids, o.capture_tokens or capture_budget(self.model),
+                                on_progress)
         return write_shard_files(self.out, self.rank, index, samples, o.feature_dtype, skipped, truncated, unlearned,
                                  ends, regen_stats)
 
@@ -338,7 +360,7 @@ class Pipeline:
         self.preflight()
         self.out = Path(o.out)
         settings = run_settings(o, self.spec, self.template_sha, self.layers.ids, data_fingerprint(o.data),
-                                regen=self.regen_recorded)
+                                regen=self.regen_recorded, capture=self.capture_dtype)
         mode = prepare_out(self.out, settings, o.overwrite, self.rank, self.world)
         base = self.base_manifest(settings)
         n_shards = -(-len(self.convs) // o.shard_size)
@@ -388,8 +410,9 @@ class Pipeline:
             from ..model.target import load_target
 
             regen = f" (regenerating in {self.regen_dtype})" if self.regen_dtype else ""
-            console.print(f"loading target {self.spec.model}{regen} ...")
-            self.model = load_target(self.spec)
+            cast = f", features in {self.capture_dtype}" if self.capture_dtype else ""
+            console.print(f"loading target {self.spec.model}{regen}{cast} ...")
+            self.model = load_target(replace(self.spec, dtype=self.capture_dtype) if self.capture_dtype else self.spec)
         if o.endpoint:
             from .endpoint import Endpoint, EndpointError
 

@@ -1,5 +1,5 @@
-"""How fast the target regenerates here, measured in seconds: what gen-data's estimate and the
-quickstart's planner (workflows/plan.py) both time before the long work.
+"""How fast the target regenerates and captures here, measured in seconds: what gen-data's estimate
+and the quickstart's planner (workflows/plan.py) time before the long work.
 
 The bound is one decode step of all of continuous batching's slots (``batch_decode.SlotTarget``,
 in the dtype regeneration computes in); a whole run reaches a measured share of it
@@ -91,3 +91,26 @@ def turn_lengths(tokenizer, messages: list[dict], max_new_tokens: int) -> list[t
     if user is not None:
         turns.append((user, max_new_tokens))
     return turns
+
+
+def capture_tokens_per_s(model, layer_ids, regen: str, lengths: tuple[int, int] = (60, 480)) -> float:
+    """gen-data's feature capture: ``capture_samples`` at its batch (``capture_budget``) on 8
+    samples of ``lengths`` tokens, in the dtype ``--capture-dtype auto`` loads the target in beside
+    regeneration in ``regen`` (a cast copy where that is not the target's own)."""
+    import copy
+
+    import torch
+
+    from ..model.target import model_device
+    from .samples import capture_budget, capture_dtype, capture_samples
+
+    own = str(model.dtype).removeprefix("torch.")
+    dtype = capture_dtype("auto", str(model_device(model)), own, False, regen)
+    target = model if dtype == own else copy.deepcopy(model).to(getattr(torch, dtype))
+    gen = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.randint(3, 100, (n,), generator=gen).tolist()}
+               for n in torch.linspace(*lengths, 8).long().tolist()]
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    with torch.no_grad():
+        return tokens / median_seconds(lambda: capture_samples(target, [dict(s) for s in samples], layer_ids,
+                                                               capture_budget(target)), 1)

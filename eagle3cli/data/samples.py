@@ -99,6 +99,43 @@ def shard_samples(tokenizer, convs: list[Conversation], o: GenDataOptions, sampl
     return samples, truncated, unlearned, ends
 
 
+def capture_dtype(requested: str, device: str, own: str, quantized: bool, regen: str | None) -> str:
+    """What the target is loaded and captures features in, from ``--capture-dtype`` (a dtype name
+    or auto); ``own``: the target's dtype, ``regen``: what local regeneration computes in (None: none).
+
+    auto: bfloat16 for an fp32 target on a CPU that multiplies bf16 natively, where local
+    regeneration (if any) computes in bf16 too: one set of weights serves both, and capture runs
+    3.3x faster (SmolLM2 on 2 AMX Xeon cores: 2,889 against 882 tokens/s at 2,048 tokens a forward,
+    ``benchmarks/capture_rate.py``). The features are then a bf16
+    forward's, as the serving engines compute them. Else the target's own. ValueError for a dtype
+    that cannot hold: a quantized target's weights, or regeneration in another dtype than the
+    capture's (the answers would come from weights rounded to it).
+    """
+    from ..core.hardware import has_bf16_matmul
+
+    if requested == "auto":
+        fits = device.startswith("cpu") and own == "float32" and not quantized and has_bf16_matmul()
+        return "bfloat16" if fits and regen in (None, "bfloat16") else own
+    if requested != own and quantized:
+        raise ValueError("--capture-dtype casts the target's weights; a --load-in-8bit/4bit target keeps its own: "
+                         "leave --capture-dtype auto")
+    if requested != own and regen not in (None, requested):
+        raise ValueError(f"--capture-dtype {requested} loads the target in {requested}, and regeneration in {regen} "
+                         f"would read its rounded weights: give --regen-dtype {requested} too, or leave "
+                         "--capture-dtype auto")
+    return requested
+
+
+def capture_budget(model) -> int:
+    """Padded tokens per capture forward. On a GPU big batches fill the device. On a CPU the
+    matmuls are as fast at a few hundred rows, and a batch's attention scores and padding mask
+    ([B, heads, T, T]) outgrow the caches: SmolLM2 captures 1.6x faster at 2,048 tokens a forward
+    than at 16,384, in fp32 and in bf16, on 2 AMX Xeon cores (``benchmarks/capture_rate.py``)."""
+    from ..model.target import model_device
+
+    return 2048 if model_device(model).type == "cpu" else 16384
+
+
 def capture_samples(model, samples: list[dict], layer_ids, token_budget: int, on_progress=None):
     """Fill ``aux``/``final`` of each sample: forwards over length-sorted micro-batches.
     ``on_progress(n)``: called with the number of samples captured so far after each micro-batch.

@@ -48,9 +48,9 @@ def rank_and_world(shard: str | None):
 
 
 def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_fingerprint,
-                 regen: str | None = None) -> dict:
-    """The settings that shape the stored data: a rerun must match them to resume. ``regen``: the
-    dtype local regeneration computes in, when it is not the target's own (``regen_dtype``)."""
+                 regen: str | None = None, capture: str | None = None) -> dict:
+    """The settings that shape the stored data: a rerun must match them to resume. ``regen`` and
+    ``capture``: the dtypes local regeneration and capture compute in, when not the target's own."""
     return {
         "model": spec.model, "revision": spec.revision, "dtype": spec.dtype, "adapter": spec.adapter,
         "load_in_8bit": spec.load_in_8bit, "load_in_4bit": spec.load_in_4bit,
@@ -65,6 +65,7 @@ def run_settings(opts: GenDataOptions, spec, template_sha: str, layer_ids, data_
         # Only when not the default, so that stores written before the option still resume.
         **({"capture_engine": opts.engine} if opts.engine != "hf" else {}),
         **({"regen_dtype": regen} if regen else {}),
+        **({"capture_dtype": capture} if capture else {}),
         **({"reasoning": opts.reasoning} if opts.reasoning else {}),
         **({"last_turn_only": True} if opts.last_turn_only else {}),
     }

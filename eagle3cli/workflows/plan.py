@@ -68,6 +68,9 @@ class Measurements:
     step_ttt: int = 3  # the TTT steps step_s was timed with
     # rows -> seconds of one target forward verifying that many rows after a prefix (eval's path)
     verify_s: dict = field(default_factory=dict)
+    # gen-data's feature capture at the dtype and batch it takes (--capture-dtype auto,
+    # samples.capture_budget); 0: not measured (a plan.json from before), forward_tokens_per_s stands in
+    capture_tokens_per_s: float = 0.0
 
     def __post_init__(self):  # plan.json keeps the rows as strings
         object.__setattr__(self, "verify_s", {int(k): float(v) for k, v in self.verify_s.items()})
@@ -221,7 +224,7 @@ def stage_seconds(m: Measurements, f: PlanFlags, regenerate: bool, conversations
     data = SETUP_S["gen-data"]
     if regenerate:
         data += m.load_s + regen_seconds(conversations * m.answer_tokens, m.regen_bound, m.regen_dtype)
-        data += conversations * m.regenerated_tokens / m.forward_tokens_per_s  # feature capture
+        data += conversations * m.regenerated_tokens / (m.capture_tokens_per_s or m.forward_tokens_per_s)  # capture
     return {"gen-data": data, "train": train}
 
 
@@ -347,7 +350,8 @@ def measurement_lines(m: Measurements) -> list[str]:
         + (f" ({m.threads_note})" if m.threads_note else ""),
         f"regeneration: {m.regen_bound:,.0f} tokens/s for a full batch step in {m.regen_dtype} "
         f"(~{regen_rate(m.regen_bound, m.regen_dtype):,.0f} over a whole run)",
-        f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s; "
+        f"target forward: {m.forward_tokens_per_s:,.0f} tokens/s"
+        + (f" (feature capture {m.capture_tokens_per_s:,.0f})" if m.capture_tokens_per_s else "") + "; "
         f"plain decoding {1000 * m.decode_token_s:.0f} ms/token",
         f"training step: {m.step_s:.2f} s (full TTT unroll), {m.warmup_step_s:.2f} s (one TTT step)",
         f"data: ~{m.answer_tokens:.0f} generated tokens and ~{m.regenerated_tokens:.0f} stored per regenerated "
@@ -465,7 +469,7 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     the data the run will use; ``started``: perf_counter() when the run began."""
     import torch
 
-    from ..data.regen_rate import regen_bound
+    from ..data.regen_rate import capture_tokens_per_s, regen_bound
     from ..data.regenerate import regen_dtype
     from ..model.layers import choose_layers
     from ..model.target import TargetSpec, load_target, load_tokenizer, model_device
@@ -481,12 +485,14 @@ def measure(model_id: str, sample, max_new_tokens: int, max_length: int, max_tok
     prefix = min(max_length, 256)
     bound = regen_bound(model, dtype, slots, prefix)
     forward = forward_tokens_per_s(model, layers, min(max_tokens, 512))
+    capture_rate = capture_tokens_per_s(model, layers, dtype)  # at --capture-dtype auto's dtype
     step_s, warm_s = train_step_seconds(model, layers, max_tokens, ttt_steps, accept_loss)
     decode_s = decode_token_seconds(model)
     verify = verify_row_seconds(model, max_length)
     answer, stored, text = data_lengths(load_tokenizer(spec), sample, max_new_tokens, max_length)
     return Measurements(cpu=hardware.cpu_class() if device == "cpu" else device, threads=threads, threads_note=why,
-                        regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward, step_s=step_s,
+                        regen_dtype=dtype, regen_bound=bound, forward_tokens_per_s=forward,
+                        capture_tokens_per_s=capture_rate, step_s=step_s,
                         warmup_step_s=warm_s, decode_token_s=decode_s, load_s=load_s,
                         spent_s=time.perf_counter() - started, answer_tokens=answer, regenerated_tokens=stored,
                         text_tokens=text, step_ttt=ttt_steps, verify_s=verify)

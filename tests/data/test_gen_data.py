@@ -125,9 +125,15 @@ def test_regenerated_jsonl_and_masks(full_run, smol_tiny_dir, data_file):
 
 def test_stored_streams_equal_fresh_forward(full_run, smol_tiny_dir):
     out, man = full_run
+    assert_streams_of_a_fresh_forward(out, man, smol_tiny_dir)
+
+
+def assert_streams_of_a_fresh_forward(out, man, smol_tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(smol_tiny_dir, dtype=torch.float32).eval()
+    # --capture-dtype auto: bf16 on a CPU that multiplies bf16 natively, else the target's fp32
+    dtype = getattr(torch, man["run"].get("capture_dtype") or "float32")
+    model = AutoModelForCausalLM.from_pretrained(smol_tiny_dir, dtype=dtype).eval()
     store = FeatureStore(out)
     for i in range(len(store)):
         s = store[i]
@@ -137,10 +143,50 @@ def test_stored_streams_equal_fresh_forward(full_run, smol_tiny_dir):
         assert s["aux"].dtype == torch.bfloat16 and s["aux"].shape == (len(s["input_ids"]), 3 * 64)
         # bf16 storage: equal to the fresh fp32 forward rounded to bf16 (one bf16 ulp of slack for
         # batched-vs-single forward noise deciding a rounding).
-        torch.testing.assert_close(s["aux"].float(), want.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-5)
-        torch.testing.assert_close(s["final"].float(), hs[-1][0].to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-5)
+        # In bf16 the batched forward's own roundings add a few ulps more.
+        rtol = 2 ** -7 if dtype == torch.float32 else 2 ** -5
+        torch.testing.assert_close(s["aux"].float(), want.to(torch.bfloat16).float(), rtol=rtol, atol=1e-5)
+        torch.testing.assert_close(s["final"].float(), hs[-1][0].to(torch.bfloat16).float(), rtol=rtol, atol=1e-5)
         # And the first stream is exactly the embedding output (no arithmetic there).
         assert torch.equal(s["aux"][:, :64], hs[2][0].to(torch.bfloat16)) or man["layer_ids"][0] != 0
+
+
+@pytest.mark.parametrize("bf16_cpu", [True, False])
+def test_capture_dtype_auto_follows_the_cpu_and_is_recorded(smol_tiny_dir, data_file, tmp_path, monkeypatch, bf16_cpu):
+    from eagle3cli.core import hardware
+    from eagle3cli.data import gen_data
+    from eagle3cli.data import regenerate as regen
+
+    for mod in (hardware, regen):
+        monkeypatch.setattr(mod, "has_bf16_matmul", lambda: bf16_cpu)
+    loaded = []
+    real_load = gen_data.Pipeline.connect
+
+    def connect(self):
+        real_load(self)
+        loaded.append(next(self.model.parameters()).dtype)
+
+    monkeypatch.setattr(gen_data.Pipeline, "connect", connect)
+    out = tmp_path / "store"
+    man = run(options(out, data_file, max_samples=4), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    want = "bfloat16" if bf16_cpu else None
+    assert man["run"].get("capture_dtype") == want and man["run"].get("regen_dtype") == want
+    assert loaded == [torch.bfloat16 if bf16_cpu else torch.float32]  # one target serves regeneration and capture
+    assert_streams_of_a_fresh_forward(out, man, smol_tiny_dir)
+    if bf16_cpu:  # a resume must capture as the finished shards did
+        with pytest.raises(GenDataError, match=r"different settings \(capture_dtype, regen_dtype\)"):
+            run(options(out, data_file, max_samples=4, capture_dtype="float32", regen_dtype="float32"),
+                TargetSpec(str(smol_tiny_dir), device="cpu"))
+
+
+def test_capture_dtype_is_refused_where_it_cannot_hold(smol_tiny_dir, data_file, tmp_path):
+    with pytest.raises(GenDataError, match="regeneration in float32 would read its rounded weights"):
+        run(options(tmp_path / "a", data_file, capture_dtype="bfloat16", regen_dtype="float32"),
+            TargetSpec(str(smol_tiny_dir), device="cpu"))
+    assert not (tmp_path / "a").exists()
+    m = ["-m", str(smol_tiny_dir), "--data", str(data_file), "--dry-run"]
+    assert "--capture-dtype sets what the local target captures features in; it does nothing with --online" in \
+        cli_error(m + ["--online", "--capture-dtype", "bfloat16"])
 
 
 def test_rerun_resumes_and_refuses_other_settings(full_run, smol_tiny_dir, data_file, monkeypatch):
@@ -292,11 +338,15 @@ def test_regen_dtype_is_recorded_resumes_and_refuses_a_change(smol_tiny_dir, dat
     seen = []
     real = regen._regenerate_continuous
     monkeypatch.setattr(regen, "_regenerate_continuous", lambda *a, **k: seen.append(a[3].dtype) or real(*a, **k))
-    man = run(options(out, data_file, regen_dtype="bfloat16"), TargetSpec(str(smol_tiny_dir), device="cpu"))
+    # features at the target's own fp32 (--capture-dtype auto would follow the CPU)
+    man = run(options(out, data_file, regen_dtype="bfloat16", capture_dtype="float32"),
+              TargetSpec(str(smol_tiny_dir), device="cpu"))
     assert man["run"]["regen_dtype"] == "bfloat16" and man["source"]["generation"]["dtype"] == "bfloat16"
+    assert "capture_dtype" not in man["run"]
     assert seen == ["bfloat16"] * 3  # every shard
     with pytest.raises(GenDataError, match=r"different settings \(regen_dtype\)"):
-        run(options(out, data_file, regen_dtype="float32"), TargetSpec(str(smol_tiny_dir), device="cpu"))
+        run(options(out, data_file, regen_dtype="float32", capture_dtype="float32"),
+            TargetSpec(str(smol_tiny_dir), device="cpu"))
     # auto without native bf16: --dtype's own, and nothing recorded (stores from before the option resume).
     monkeypatch.setattr(regen, "has_bf16_matmul", lambda: False)
     man = run(options(tmp_path / "fp32", data_file), TargetSpec(str(smol_tiny_dir), device="cpu"))

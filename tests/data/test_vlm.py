@@ -132,7 +132,8 @@ def test_image_conversations_store_the_image_tokens_unlearned_with_vision_featur
     rows = {int(i): k for k, i in enumerate(shard["sample_ids"].tolist())}
     offsets = shard["offsets"].tolist() if "offsets" in shard else None
     assert offsets is not None
-    model = load_target(TargetSpec(model=str(vlm_dir), device="cpu"))
+    # in the dtype gen-data captured in (--capture-dtype auto: bf16 where the CPU multiplies bf16)
+    model = load_target(TargetSpec(model=str(vlm_dir), device="cpu", dtype=man["run"].get("capture_dtype") or "auto"))
     convs = {c.id: c for c in load_conversations(str(data / "images.jsonl"))[0]}
     for sid, n_img in ((3, 2), (4, 1)):  # cat.png 40x50 -> 28x56 px: 2x4 patches, 2 tokens; dot.png 28x28: 1
         k = rows[sid]

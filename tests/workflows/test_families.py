@@ -161,10 +161,10 @@ def cli(*args) -> str:
     return res.output
 
 
-def load(path: Path):
+def load(path: Path, dtype: str | None = None):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype or "float32")).eval()
 
 
 def test_layers(fam):
@@ -180,15 +180,20 @@ def test_gen_data_stores_the_target_streams(fam):
     man, store = fam.manifest, FeatureStore(fam.store)
     assert man["model_type"] == fam.family and man["num_samples"] == len(CONVERSATIONS) == len(store)
     assert man["hidden_size"] == 64 and man["num_layers"] == 4
-    target = load(fam.target)
+    # in the dtype gen-data captured in (--capture-dtype auto: bf16 where the CPU multiplies bf16)
+    target = load(fam.target, man["run"].get("capture_dtype"))
     s = store[0]
     ids = s["input_ids"][None].long()
     with torch.no_grad():
-        logits = target(input_ids=ids).logits
+        logits = target(input_ids=ids).logits.float()
     aux, final = capture(target, ids, man["layer_ids"])
-    torch.testing.assert_close(s["aux"][None].float(), aux, atol=0.02, rtol=0.02)  # stored in bf16
-    torch.testing.assert_close(s["final"][None].float(), final, atol=0.02, rtol=0.02)
-    torch.testing.assert_close(lm_logits(target, s["final"][None].float()), logits, atol=0.01, rtol=0.01)
+    # stored in bf16; a bf16 capture's batched forward rounds differently from this one's (a layer
+    # off by one differs by the whole layer's update, far beyond either tolerance)
+    tol = dict(atol=0.02, rtol=0.02) if target.dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(s["aux"][None].float(), aux.float(), **tol)
+    torch.testing.assert_close(s["final"][None].float(), final.float(), **tol)
+    head_in = s["final"][None].to(target.dtype)
+    torch.testing.assert_close(lm_logits(target, head_in).float(), logits, atol=0.01, rtol=0.01)
 
 
 def test_gen_data_regenerated(fam, data_file):

@@ -97,6 +97,7 @@ def test_plan_only_measures_and_plans_without_running(smol_tiny_dir, tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     m, p = plan["measurements"], plan["plan"]
     assert m["regen_bound"] > 0 and m["step_s"] > 0 and m["warmup_step_s"] > 0 and m["forward_tokens_per_s"] > 0
+    assert m["capture_tokens_per_s"] > 0
     assert m["answer_tokens"] > 0 and m["text_tokens"] > m["answer_tokens"] / 2
     from eagle3cli.core.threads import cores
 
