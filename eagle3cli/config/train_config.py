@@ -129,12 +129,14 @@ class TrainConfig(TargetOptions):
     draft_layers: int = _f(1, "dflash: decoder layers of the draft.")
     num_anchors: int = _f(64, "dflash: blocks trained per conversation in a step, anchored at random positions "
                               "whose next token the loss scores.")
-    loss_gamma: float = _f(0.0, "dflash: drafted position k weighs exp(-(k-1)/gamma) in the loss (0: 7 for blocks "
+    loss_gamma: float = _f(0.0, "dflash with --position-weights decay: drafted position k weighs exp(-(k-1)/gamma) "
+                                "in the loss; also the decay of the reported loss (0: 7 for blocks "
                                 "of 16, 4 for 8, else half the block less one, at least 1).")
-    position_weights: str = _f("decay", "dflash: how the loss weighs drafted position k: decay "
-                                        "(exp(-(k-1)/gamma), --loss-gamma) or dpace (by the chance that the "
-                                        "block is accepted up to k and beyond, from the draft's own confidences; "
-                                        "speculators' default).", choices=POSITION_WEIGHTS)
+    position_weights: str = _f("dpace", "dflash: how the loss weighs drafted position k: dpace (by the chance "
+                                        "that the block is accepted up to k and beyond, from the draft's own "
+                                        "confidences; a higher held-out tau than decay on both seeds measured, "
+                                        "docs/benchmarks.md) or decay (exp(-(k-1)/gamma), --loss-gamma).",
+                                choices=POSITION_WEIGHTS)
     dpace_alpha: float = _f(0.5, "dflash with --position-weights dpace: confidences are smoothed to "
                                  "(1 - alpha) q + alpha; 1 weighs every position alike, 0 the raw chances.")
     mask_token_id: int = _f(-1, "dflash: the token id whose embedding fills the block after the anchor; a real "
