@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 # Continuous batching generates at this share of its bound, one full decode step of all its slots:
-# prefills and a batch that thins out at the end of a shard cost the rest. Measured with
-# benchmarks/regen_throughput.py (docs/benchmarks.md, "Regeneration and capture").
-REGEN_SHARE_OF_BOUND = {"bfloat16": 0.76, "float32": 0.59}
+# prefills (each turn's prompt, one slot at a time) and a batch that thins out at the end of a
+# shard cost the rest. bf16: what the default quickstart's gen-data reached on 2 AMX Xeon cores,
+# 0.57 and 0.60 of the bound its planner measured in two runs (multi-turn ShareGPT, 100
+# conversations a shard; benchmarks/regen_throughput.py's 64 conversations reached 0.64-0.76);
+# fp32: regen_throughput.py's (docs/benchmarks.md, "Regeneration and capture").
+REGEN_SHARE_OF_BOUND = {"bfloat16": 0.58, "float32": 0.59}
 
 
 def minutes_text(seconds: float) -> str:

@@ -113,7 +113,7 @@ def test_gen_data_flags_become_options_and_spec(gen_data_gets, tmp_path):
     assert opts.vllm_args == {"gpu_memory_utilization": 0.8}
     assert opts.chat_template == "t.jinja" and isinstance(opts.chat_template, str)
     assert opts.out == tmp_path / "s" and opts.data == "d.jsonl" and opts.max_samples == 3
-    assert opts.regenerate is False and opts.capture_tokens == 16384
+    assert opts.regenerate is False and opts.capture_tokens == 0  # internal: 0 = samples.capture_budget
     assert opts.api_key == "k2"  # EAGLE3_API_KEY when OPENAI_API_KEY is unset
     assert spec == TargetSpec(model="x/y", dtype="float32")
 

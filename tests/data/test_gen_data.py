@@ -508,3 +508,18 @@ def test_capture_reports_its_progress_and_matches_one_forward_a_sample():
         aux, final = capture(model, torch.tensor([s["input_ids"]]), (1, 2, 5), None)
         torch.testing.assert_close(s["aux"], aux[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(s["final"], final[0], rtol=1e-5, atol=1e-5)
+
+
+def test_capture_budget_is_small_on_a_cpu_and_a_dtype_only_where_it_holds():
+    from eagle3cli.data.samples import capture_budget, capture_dtype
+
+    assert capture_budget(torch.nn.Linear(2, 2)) == 2048
+    # explicit dtypes: the target's own always; another only where regeneration computes in it
+    assert capture_dtype("float32", "cpu", "float32", False, "bfloat16") == "float32"
+    assert capture_dtype("bfloat16", "cpu", "float32", False, None) == "bfloat16"
+    with pytest.raises(ValueError, match="a --load-in-8bit/4bit target keeps its own"):
+        capture_dtype("bfloat16", "cpu", "float32", True, None)
+    # auto never casts on a GPU, a quantized target, or beside fp32 regeneration
+    assert capture_dtype("auto", "cuda:0", "bfloat16", False, None) == "bfloat16"
+    assert capture_dtype("auto", "cpu", "float32", True, None) == "float32"
+    assert capture_dtype("auto", "cpu", "float32", False, "float32") == "float32"

@@ -70,7 +70,7 @@ def shard_tensors(out):
 def both_stores(smol_tiny_dir, data_file, fake_python, tmp_path_factory):
     root = tmp_path_factory.mktemp("stores")
     spec = lambda: TargetSpec(str(smol_tiny_dir), device="cpu", dtype="float32")  # noqa: E731
-    hf = run(opts(root / "hf", data_file), spec())
+    hf = run(opts(root / "hf", data_file, capture_dtype="float32"), spec())  # as the fake engine computes
     log = root / "requests.jsonl"
     os.environ["FAKE_VLLM_LOG"] = str(log)
     try:

@@ -29,7 +29,7 @@ def test_estimate_arithmetic():
     assert regenerated([(20, 50), (30, 40)], max_new_tokens=128, max_length=512) == (90, 140)
     assert regenerated([(20, 500), (30, 40)], max_new_tokens=128, max_length=512) == (128, 148)
     assert regenerated([(20, 50), (500, 40)], max_new_tokens=128, max_length=512) == (50, 70)
-    assert regen_rate(100.0, "bfloat16") == pytest.approx(76.0) and regen_rate(100.0, "float32") == pytest.approx(59.0)
+    assert regen_rate(100.0, "bfloat16") == pytest.approx(58.0) and regen_rate(100.0, "float32") == pytest.approx(59.0)
     assert train_seconds(100, 25, 2.0, 0.5) == pytest.approx(25 * 0.5 + 75 * 2.0)
     assert minutes_text(40) == "~40 s" and minutes_text(600) == "~10 min" and minutes_text(7200) == "~2.0 h"
     assert eta_line("train", 60000, "tokens", 100.0) == "train: ~10 min for 60,000 tokens at the measured 100 tokens/s"
@@ -193,3 +193,14 @@ def test_the_draft_family_is_the_one_measured_ahead_at_the_training_time():
     assert choose_draft_type(10.0, PlanFlags(draft_type="dflash")) == ("dflash", "dflash (as asked)")
     plan = make_plan(FAST, PlanFlags(budget_min=20))
     assert plan.draft_type == ahead and any(r.startswith(f"draft: {ahead}: ") for r in plan.reasons)
+
+
+def test_capture_is_planned_at_its_own_measured_rate():
+    # gen-data's capture runs at the rate measured at its own dtype and batch; a plan.json from
+    # before that measurement (0) plans it at the forward's rate
+    f, n, steps = PlanFlags(budget_min=20), 100, 50
+    old = stage_seconds(FAST, f, True, n, steps)["gen-data"]
+    fast_capture = dataclasses.replace(FAST, capture_tokens_per_s=5000.0)
+    new = stage_seconds(fast_capture, f, True, n, steps)["gen-data"]
+    assert old - new == pytest.approx(n * FAST.regenerated_tokens * (1 / 2500.0 - 1 / 5000.0))
+    assert make_plan(fast_capture, f).conversations > make_plan(FAST, f).conversations
