@@ -116,11 +116,19 @@ class Pipeline:
         self.sample_kw = {"template_kwargs": reasoning_kwargs(o.reasoning, self.template),
                           "last_turn_only": o.last_turn_only, "reasoning": o.reasoning}
 
+    def _target_dtype(self):
+        """(device, torch dtype) the target computes in by its own settings: the one home of that
+        rule for the regeneration and capture dtypes."""
+        from ..model.target import default_device, resolve_dtype
+
+        device = self.spec.device or default_device()
+        return device, resolve_dtype(self.spec.dtype, device)
+
     def resolve_regen_dtype(self) -> tuple[str | None, str | None]:
         """(the dtype local regeneration computes in, None without local regeneration; the same
         when it differs from the target's compute dtype, else None: what run settings record),
         checked before any weights are loaded."""
-        from ..model.target import DTYPES, default_device, resolve_dtype
+        from ..model.target import DTYPES
         from .regenerate import regen_dtype
 
         o = self.opts
@@ -129,8 +137,7 @@ class Pipeline:
                 raise GenDataError("--regen-dtype sets how the local target regenerates; it does nothing with "
                                    + ("--endpoint" if o.endpoint else "--no-regenerate"))
             return None, None
-        device = self.spec.device or default_device()
-        own = resolve_dtype(self.spec.dtype, device)
+        device, own = self._target_dtype()
         try:
             name = regen_dtype(o.regen_dtype, self.config, device, own,
                                quantized=self.spec.load_in_8bit or self.spec.load_in_4bit)
@@ -141,13 +148,13 @@ class Pipeline:
     def resolve_capture_dtype(self) -> str | None:
         """The dtype the target is loaded and captures features in, when not its own (None: its own;
         ``samples.capture_dtype``), checked before any weights are loaded."""
-        from ..model.target import DTYPES, default_device, resolve_dtype
+        from ..model.target import DTYPES
 
         o = self.opts
         if o.features != "offline" or o.engine != "hf":
             return None
-        device = self.spec.device or default_device()
-        own = next(k for k, v in DTYPES.items() if v == resolve_dtype(self.spec.dtype, device))
+        device, own_dtype = self._target_dtype()
+        own = next(k for k, v in DTYPES.items() if v == own_dtype)
         try:
             name = capture_dtype(o.capture_dtype, device, own, self.spec.load_in_8bit or self.spec.load_in_4bit,
                                  self.regen_dtype)
