@@ -163,7 +163,8 @@ class TrainConfig(TargetOptions):
                          "measured at 40 and 600 steps (docs/benchmarks.md, 'Defaults study'); --preset paper: 1e-4.")
     optimizer: str = _f("adamw", "adamw, or muon: torch's Muon (Newton-Schulz orthogonalised momentum, its update "
                                  "scaled to AdamW's RMS so --lr carries over) for the 2-D weights inside the draft "
-                                 "(fc, attention, MLP); the LM head and the norms stay on AdamW.",
+                                 "(fc, attention, MLP); the LM head and the norms stay on AdamW. On a CPU it "
+                                 "computes in fp32 unless --mixed-precision bf16 is given.",
                         choices=OPTIMIZERS)
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; --lr-schedule after.")
     lr_schedule: str = _f("linear", "Decay after the warm-up, from --lr to --min-lr-ratio x --lr at the last step: "
@@ -182,7 +183,8 @@ class TrainConfig(TargetOptions):
                                  "export are reserved for.")
     mixed_precision: str = _f("auto", "bf16: compute under bf16 autocast (fp32 master weights and teacher); no: "
                                       "fp32. auto: bf16 on a GPU and on a CPU with AMX or AVX512-BF16 (1.6x fp32's "
-                                      "tokens per CPU-second there: docs/benchmarks.md), fp32 on other CPUs.",
+                                      "tokens per CPU-second there: docs/benchmarks.md), fp32 on other CPUs and with "
+                                      "--optimizer muon on a CPU.",
                               choices=MIXED_PRECISION)
     max_length: int = _f(2048, "Longer conversations are cut to this many tokens.")
     seed: int = _f(0, "Seed for initialisation, split and batch order.")

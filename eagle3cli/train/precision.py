@@ -15,17 +15,24 @@ from ..model.sharded_target import check_fsdp
 from ..model.target import TargetSpec
 
 
-def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None) -> str:
+def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None, optimizer: str = "adamw") -> str:
     """--mixed-precision resolved: auto is bf16 on a GPU and on a CPU that multiplies bf16 in
     hardware (AMX or AVX512-BF16: ``native_bf16``, probed when None), fp32 on other CPUs. There
     fp32 training already runs near the fp32 matmul peak and bf16 autocast gives more tokens per
     CPU-second at the same loss (docs/benchmarks.md, "Training throughput"); the unroll pads its GEMMs to a few
     shapes under it (gemm_padding), else oneDNN's per-shape bf16 kernels grow resident memory
-    through a run. Without those instructions bf16 is emulated and slower than fp32."""
+    through a run. Without those instructions bf16 is emulated and slower than fp32.
+
+    With ``--optimizer muon`` auto is fp32 on a CPU: Muon orthogonalises each gradient, which lifts
+    its smallest directions, rounding included, to the size of the largest, and under CPU bf16
+    autocast a DFlash draft learned at half the pace (held-out position-1 accuracy 0.085 against
+    0.197 in fp32 at 240 steps, docs/benchmarks.md, "DFlash against a peer's trainer")."""
     if name != "auto":
         return name
     if not cpu:
         return "bf16"
+    if optimizer == "muon":
+        return "no"
     return "bf16" if (native_bf16_cpu() if native_bf16 is None else native_bf16) else "no"
 
 
@@ -41,8 +48,8 @@ def accelerator(cfg: TrainConfig, trackers: list[str]):
     # precision; a new run here (a library caller's second train()) starts its own. The process
     # state (devices, process group) is kept.
     AcceleratorState._reset_state()
-    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), log_with=trackers or None,
-                      project_dir=cfg.out)
+    precision = mixed_precision(cfg.mixed_precision, cpu, optimizer=cfg.optimizer)
+    acc = Accelerator(cpu=cpu, mixed_precision=precision, log_with=trackers or None, project_dir=cfg.out)
     check_fsdp(acc, cfg.online, cfg.load_in_8bit or cfg.load_in_4bit)  # FSDP shards the target, never the draft
     return acc
 

@@ -349,6 +349,17 @@ def test_a_large_cpu_step_fixes_glibcs_mmap_threshold_and_a_small_one_does_not(s
 
 # ---- mixed precision -------------------------------------------------------------------------
 
+def test_mixed_precision_auto_is_fp32_for_muon_on_a_cpu(tmp_path):
+    from eagle3cli.train.precision import accelerator, mixed_precision
+
+    assert mixed_precision("auto", cpu=True, native_bf16=True, optimizer="muon") == "no"
+    assert mixed_precision("auto", cpu=True, native_bf16=True, optimizer="adamw") == "bf16"
+    assert mixed_precision("auto", cpu=False, optimizer="muon") == "bf16"  # measured on CPUs only
+    assert mixed_precision("bf16", cpu=True, native_bf16=True, optimizer="muon") == "bf16"  # asked for
+    cfg = TrainConfig(data="x", out=str(tmp_path), optimizer="muon", device="cpu")
+    assert accelerator(cfg, []).mixed_precision == "no"
+
+
 def test_mixed_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16():
     from eagle3cli.core.hardware import cpu_has
     from eagle3cli.train.precision import mixed_precision
