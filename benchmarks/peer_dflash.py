@@ -4,7 +4,9 @@
     python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --steps 40 --seeds 0
     python benchmarks/peer_dflash.py --store runs/sg400b --steps 80 --runs "eagle3_a256;eagle3_muon=--optimizer muon"
 
-A run already scored (its json in --work) is reused, so tables grow run by run. ``eagle3_a256`` is
+A run already scored (its json in --work) is reused, so tables grow run by run; ``--num-anchors
+100000`` rescores the runs named on a block at every held-out answer position (kept in each json
+beside the default scoring's 64 blocks per conversation). ``eagle3_a256`` is
 ours at --num-anchors 256: 512 blocks a step on these 1,024-token steps, as many as the peer's 512
 anchors per packed step (our default, 64 per conversation, draws 128); NAME=FLAGS runs ours with
 more `eagle3 train` flags.
@@ -68,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")
 DRAFT_FILE = "model.safetensors"
+SCORE_ANCHORS = 64  # the scorer's held-out blocks per conversation, unless --num-anchors says otherwise
 FROZEN = ("embed_tokens.", "lm_head.", "verifier_lm_head.", "verifier_norm.", "t2d", "d2t")
 
 
@@ -346,8 +349,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024, help="token budget of one optimizer step")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--draft-layers", type=int, default=1)
-    ap.add_argument("--num-anchors", type=int, default=64,
-                    help="held-out blocks per conversation the scorer draws (the same for every draft)")
+    ap.add_argument("--num-anchors", type=int, default=SCORE_ANCHORS,
+                    help="held-out blocks per conversation the scorer draws (the same for every draft); a "
+                         "value above any answer's length scores a block at every held-out answer position. "
+                         "Scores at other values are kept in the run's json beside the default's")
     ap.add_argument("--peer-anchors", type=int, default=512, help="speculators' blocks per packed step (its default)")
     ap.add_argument("--peer-optimizer", default="muon", help="muon (its CLI's default) or adamw")
     ap.add_argument("--lr", type=float, default=1e-3, help="both tools' default")
@@ -386,6 +391,12 @@ def main():
                 if "pos_acc" not in res:  # scored before the unconditional accuracy was added
                     res.update(score(t, with_weights(t.draft, Path(res["weights"]))))
                     res_file.write_text(json.dumps(res))
+                if args.num_anchors != SCORE_ANCHORS:  # another scoring: kept beside the default one
+                    key = f"score_a{args.num_anchors}"
+                    if key not in res:
+                        res[key] = score(t, with_weights(t.draft, Path(res["weights"])))
+                        res_file.write_text(json.dumps(res))
+                    res = {**res, **res[key]}
             else:
                 if run.startswith("eagle3"):
                     extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
@@ -399,8 +410,10 @@ def main():
                     if res["conversion_max_abs_diff"] > 1e-3:
                         raise SystemExit(f"{name}: the converted draft's logits differ from the peer's by "
                                          f"{res['conversion_max_abs_diff']:.3g}")
-                res.update(score(t, draft))
+                scored = score(t, draft)
+                res.update(scored if args.num_anchors == SCORE_ANCHORS else {f"score_a{args.num_anchors}": scored})
                 res_file.write_text(json.dumps(res))
+                res = {**res, **scored}
             res["val_conversations"] = len(t.val_idx)
             rows.append((run, seed, res))
             print(f"{name}: acc {[round(x, 4) for x in res['acc']]}, tau_sim {res['tau_sim']:.3f}, "
