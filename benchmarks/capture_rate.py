@@ -23,15 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
+    add_target_args(ap)
     ap.add_argument("--budgets", default="1024,2048,4096,16384")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -39,11 +40,7 @@ def main():
     from eagle3cli.data.samples import capture_samples
     from eagle3cli.model.layers import choose_layers
 
-    torch.set_num_threads(args.threads)
-    if args.model is None:
-        from eagle3cli.core.realmodels import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    apply_target_args(args)
     budgets = [int(b) for b in args.budgets.split(",")]
     dtypes = args.dtypes.split(",")
     models = {d: AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, d)).eval() for d in dtypes}

@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
@@ -187,8 +190,7 @@ def rows_loop(model, rows: list[int], rounds: int, marches: list[str]) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
-    ap.add_argument("--threads", type=int, default=2)
+    add_target_args(ap)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--decode", action="store_true", help="decode with each packing instead of the kernel loop")
     ap.add_argument("-n", type=int, default=64)
@@ -202,11 +204,7 @@ def main():
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
-    if args.model is None:
-        from eagle3cli.core.realmodels import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    apply_target_args(args)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype) if args.rows
                                                  else torch.float32).eval()
     if args.rows:

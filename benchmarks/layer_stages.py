@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
 from eagle3cli.decode import native  # noqa: E402
 from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
 from eagle3cli.decode.native_source import SOURCE  # noqa: E402
@@ -70,22 +71,17 @@ class Timed:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
+    add_target_args(ap)
     ap.add_argument("--rows", default="1,2,3,4", help="comma-separated row counts (the first is the base)")
     ap.add_argument("--march", default="native,haswell", help="comma-separated -march values, one build each")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefix", type=int, default=120)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="bfloat16: the target in bf16, its matrices in the bf16-weight build (eval's on AMX)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
-    if args.model is None:
-        from eagle3cli.core.realmodels import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    apply_target_args(args)
     rows = [int(v) for v in args.rows.split(",")]
     marches = args.march.split(",")
     bf16 = args.dtype == "bfloat16"

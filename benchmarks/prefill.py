@@ -23,13 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
+    add_target_args(ap)
     ap.add_argument("--lengths", default="16,64,160", help="comma-separated prompt lengths")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -37,11 +38,7 @@ def main():
     from eagle3cli.decode import packing
     from eagle3cli.decode.fast_target import FastTarget
 
-    torch.set_num_threads(args.threads)
-    if args.model is None:
-        from eagle3cli.core.realmodels import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    apply_target_args(args)
     lengths = [int(v) for v in args.lengths.split(",")]
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
     fast = FastTarget(model, max(lengths) + 1)

@@ -21,25 +21,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
 from eagle3cli.decode import native  # noqa: E402
 from eagle3cli.workflows.plan import verify_row_seconds  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="target folder (default: the SmolLM2 of eagle3cli.core.realmodels)")
+    add_target_args(ap)
     ap.add_argument("--march", default="native,haswell", help="comma-separated -march values, one build each")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=2048)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
-    if args.model is None:
-        from eagle3cli.core.realmodels import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    apply_target_args(args)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     builds = [m for m in args.march.split(",") if native.use(m)]
     if not builds:
