@@ -9,7 +9,8 @@ A run already scored (its json in --work) is reused, so tables grow run by run; 
 beside the default scoring's 64 blocks per conversation). ``eagle3_a256`` is
 ours at --num-anchors 256: 512 blocks a step on these 1,024-token steps, as many as the peer's 512
 anchors per packed step (our default, 64 per conversation, draws 128); NAME=FLAGS runs ours with
-more `eagle3 train` flags.
+more `eagle3 train` flags. Given several --seeds it ends with every run pooled over them (each
+seed's blocks once) and each of ours' lead over the peer in standard errors.
 
 The store must hold DFlash's streams (`eagle3 gen-data ... --draft-type dflash` or eagle3,dflash).
 Which peer: speculators 0.9.0 and SpecForge 0.2.0 both train DFlash on a CPU (an SDPA mask in place
@@ -304,10 +305,11 @@ def check_conversion(t, name: str, work: Path, draft) -> float:
 
 
 @torch.no_grad()
-def position_accuracy(t, draft) -> list[float]:
+def position_accuracy(t, draft) -> dict:
     """Per drafted position k, the share of held-out blocks whose token k is the target's greedy one,
     whatever tokens 1..k-1 were (on the same blocks and labels as ``evaluate``): unlike acc_k, every
-    position rests on all the blocks."""
+    position rests on all the blocks. ``pos_blocks`` counts them (a label past the sequence is none),
+    so seeds pool by blocks."""
     from eagle3cli.train.batching import make_batches
     from eagle3cli.train.dflash_loss import IGNORE
 
@@ -319,13 +321,13 @@ def position_accuracy(t, draft) -> list[float]:
         valid = labels != IGNORE
         hit += ((pred == labels) & valid).sum((0, 1)).float()
         n += valid.sum((0, 1)).float()
-    return (hit / n.clamp_min(1)).tolist()
+    return {"pos_acc": (hit / n.clamp_min(1)).tolist(), "pos_blocks": [int(x) for x in n.tolist()]}
 
 
 def score(t, draft) -> dict:
     res = t.evaluate(draft)
     return {"acc": [float(x) for x in res["acc"]], "tau_sim": float(res["tau_sim"]), "blocks": res["positions"],
-            "pos_acc": position_accuracy(t, draft)}
+            **position_accuracy(t, draft)}
 
 
 def split_runs(runs: str) -> list[str]:
@@ -440,6 +442,45 @@ def main():
     print("|---|---|" + "---|" * k)
     for run, seed, res in rows:
         print(f"| {run} | {seed} | " + " | ".join(f"{x:.3f}" for x in res["pos_acc"]) + " |")
+    if len({seed for _, seed, _ in rows}) > 1:
+        print_pooled(rows, k)
+
+
+def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
+    """Per run, pos_k over the blocks of every seed it ran on: (accuracies, block counts)."""
+    hits: dict[str, list[float]] = {}
+    blocks: dict[str, list[int]] = {}
+    for run, _, res in rows:
+        n = res.get("pos_blocks") or [int(res["blocks"])] * k  # runs scored before the counts were kept
+        h, b = hits.setdefault(run, [0.0] * k), blocks.setdefault(run, [0] * k)
+        for i in range(k):
+            h[i] += res["pos_acc"][i] * n[i]
+            b[i] += n[i]
+    return {run: ([h / max(n, 1) for h, n in zip(hits[run], blocks[run])], blocks[run]) for run in hits}
+
+
+def print_pooled(rows, k: int) -> None:
+    """Every run pooled over its seeds; beside each of ours, its lead over the peer in standard errors.
+    The error is the unpaired binomial one, sqrt(p(1-p)/n) of each added in quadrature: the two drafts
+    are scored on the same blocks, whose hits correlate, so the paired error is smaller and the
+    ratio printed is a floor."""
+    pools = pooled(rows, k)
+    peer = pools.get("speculators")
+    seeds = sorted({seed for _, seed, _ in rows})
+    print(f"\nPooled over seeds {','.join(map(str, seeds))} (each seed's blocks counted once; after the slash, "
+          "the lead over speculators in standard errors):\n")
+    print("| tool | " + " | ".join(f"pos_{i}" for i in range(1, k + 1)) + " |")
+    print("|---|" + "---|" * k)
+    for run, (acc, n) in pools.items():
+        cells = []
+        for i in range(k):
+            cell = f"{acc[i]:.4f}"
+            if peer is not None and run != "speculators":
+                pa, na = peer[0][i], peer[1][i]
+                se = (acc[i] * (1 - acc[i]) / max(n[i], 1) + pa * (1 - pa) / max(na, 1)) ** 0.5
+                cell += f" / {(acc[i] - pa) / se:+.1f}" if se > 0 else ""
+            cells.append(cell)
+        print(f"| {run} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
