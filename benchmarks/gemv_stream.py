@@ -38,14 +38,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks.bench_args import add_target_args, apply_target_args  # noqa: E402
 from eagle3cli.decode import native  # noqa: E402
 from eagle3cli.decode.fast_target import NATIVE, ONEDNN, FastTarget  # noqa: E402
 
