@@ -10,7 +10,9 @@ beside the default scoring's 64 blocks per conversation). ``eagle3_a256`` is
 ours at --num-anchors 256: 512 blocks a step on these 1,024-token steps, as many as the peer's 512
 anchors per packed step (our default, 64 per conversation, draws 128); NAME=FLAGS runs ours with
 more `eagle3 train` flags. Given several --seeds it ends with every run pooled over them (each
-seed's blocks once) and each of ours' lead over the peer in standard errors.
+seed's blocks once) and each of ours' lead over the peer in standard errors: paired block by block
+from the per-block hits each scoring keeps beside the json (``NAME.hits_aN.safetensors``), where
+both drafts have them; ``--paired`` scores again the runs saved before those were kept.
 
 The store must hold DFlash's streams (`eagle3 gen-data ... --draft-type dflash` or eagle3,dflash).
 Which peer: speculators 0.9.0 and SpecForge 0.2.0 both train DFlash on a CPU (an SDPA mask in place
@@ -29,13 +31,15 @@ layer inputs, i.e. the same numbers as ours, z-lab's count layer outputs, one le
 one thread each. Everything else is each tool's own default:
 
     eagle3       AdamW (betas 0.9/0.95) lr 1e-3, warm-up 2% then its schedule, clip 0.5; --num-anchors
-                 per conversation; CE on the target's argmax weighted exp(-(k-1)/gamma); init std 0.02;
-                 bf16 autocast where the CPU has native bf16 (its CPU default).
+                 per conversation, among every position whose next token the loss scores (--loss-on
+                 all: prompts and template too); CE on the target's argmax with D-PACE position
+                 weights (alpha 0.5); init std 0.02; bf16 autocast where the CPU has native bf16 (its
+                 CPU default).
     speculators  its CLI's DFlash defaults: Muon (2-D weights, lr = --lr, weight decay 0.1, RMS matched to
                  AdamW) + AdamW (the rest, weight decay 0.01) at lr 1e-3, linear schedule with 1%
-                 warm-up, clip 1.0; 512 anchors per packed step; CE on the verifier's argmax with
-                 D-PACE position weights (alpha 0.5); HF init (the target's initializer_range);
-                 fp32 (its autocast names CUDA, which a CPU build turns off).
+                 warm-up, clip 1.0; 512 anchors per packed step, among the answers; CE on the
+                 verifier's argmax with D-PACE position weights (alpha 0.5); HF init (the target's
+                 initializer_range); fp32 (its autocast names CUDA, which a CPU build turns off).
 
 One departure from speculators' defaults, so its draft is the DFlash every engine serves and
 converts to ours exactly: its CLI makes every draft layer a sliding-window layer that is causal
@@ -309,25 +313,48 @@ def position_accuracy(t, draft) -> dict:
     """Per drafted position k, the share of held-out blocks whose token k is the target's greedy one,
     whatever tokens 1..k-1 were (on the same blocks and labels as ``evaluate``): unlike acc_k, every
     position rests on all the blocks. ``pos_blocks`` counts them (a label past the sequence is none),
-    so seeds pool by blocks."""
+    so seeds pool by blocks. ``hits`` and ``valid`` ([blocks, k], the same block order for every
+    draft of a seed) pair two drafts block by block."""
     from eagle3cli.train.batching import make_batches
     from eagle3cli.train.dflash_loss import IGNORE
 
-    hit = torch.zeros(t.cfg.block_size - 1)
-    n = torch.zeros(t.cfg.block_size - 1)
+    hits, valids = [], []
     for idx in make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0):
         (ids, aux, anchors, labels), _ = t._inputs(idx, held_out=True)
         pred = draft(aux, ids, anchors)[:, :, 1:].argmax(-1)
         valid = labels != IGNORE
-        hit += ((pred == labels) & valid).sum((0, 1)).float()
-        n += valid.sum((0, 1)).float()
-    return {"pos_acc": (hit / n.clamp_min(1)).tolist(), "pos_blocks": [int(x) for x in n.tolist()]}
+        block = valid.any(-1)
+        hits.append(((pred == labels) & valid)[block])
+        valids.append(valid[block])
+    hit, valid = torch.cat(hits), torch.cat(valids)
+    n = valid.sum(0).float()
+    return {"pos_acc": (hit.sum(0).float() / n.clamp_min(1)).tolist(), "pos_blocks": [int(x) for x in n.tolist()],
+            "hits": hit, "valid": valid}
 
 
-def score(t, draft) -> dict:
+def position_accuracy_to(t, draft, path: Path) -> None:
+    save_hits(position_accuracy(t, draft), path)
+
+
+def hits_file(work: Path, name: str, anchors: int) -> Path:
+    return work / f"{name}.hits_a{anchors}.safetensors"
+
+
+def save_hits(res: dict, path: Path) -> dict:
+    """``res`` without its per-block tensors, which go to ``path`` (safetensors: no pickle to load)."""
+    from safetensors.torch import save_file
+
+    hit, valid = res.pop("hits"), res.pop("valid")
+    save_file({"hit": hit.to(torch.uint8).contiguous(), "valid": valid.to(torch.uint8).contiguous()}, str(path))
+    return res
+
+
+def score(t, draft, hits: Path) -> dict:
+    """``evaluate``'s acc_k and simulated tau, and every position's accuracy; the per-block hits to
+    ``hits``."""
     res = t.evaluate(draft)
-    return {"acc": [float(x) for x in res["acc"]], "tau_sim": float(res["tau_sim"]), "blocks": res["positions"],
-            **position_accuracy(t, draft)}
+    return save_hits({"acc": [float(x) for x in res["acc"]], "tau_sim": float(res["tau_sim"]),
+                      "blocks": res["positions"], **position_accuracy(t, draft)}, hits)
 
 
 def split_runs(runs: str) -> list[str]:
@@ -361,6 +388,9 @@ def main():
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--paired", action="store_true",
+                    help="score again the runs whose per-block hits were not kept (saved before they were), "
+                         "so the pooled table pairs every run with the peer block by block")
     ap.add_argument("--runs", default="eagle3,speculators",
                     help="comma-separated: eagle3 (its defaults), speculators, speculators_adamw, eagle3_a256 "
                          "(eagle3 at --num-anchors 256), or NAME=FLAGS: eagle3 with more `eagle3 train` flags "
@@ -388,17 +418,20 @@ def main():
             run, _, flags = spec.partition("=")
             name = f"{run}_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}"
             res_file = work / f"{name}.json"
+            hits = hits_file(work, name, args.num_anchors)
             if res_file.exists():
                 res = json.loads(res_file.read_text())
                 if "pos_acc" not in res:  # scored before the unconditional accuracy was added
-                    res.update(score(t, with_weights(t.draft, Path(res["weights"]))))
+                    res.update(score(t, with_weights(t.draft, Path(res["weights"])), hits))
                     res_file.write_text(json.dumps(res))
                 if args.num_anchors != SCORE_ANCHORS:  # another scoring: kept beside the default one
                     key = f"score_a{args.num_anchors}"
                     if key not in res:
-                        res[key] = score(t, with_weights(t.draft, Path(res["weights"])))
+                        res[key] = score(t, with_weights(t.draft, Path(res["weights"])), hits)
                         res_file.write_text(json.dumps(res))
                     res = {**res, **res[key]}
+                if args.paired and not hits.exists():  # scored before the per-block hits were kept
+                    position_accuracy_to(t, with_weights(t.draft, Path(res["weights"])), hits)
             else:
                 if run.startswith("eagle3"):
                     extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
@@ -412,11 +445,12 @@ def main():
                     if res["conversion_max_abs_diff"] > 1e-3:
                         raise SystemExit(f"{name}: the converted draft's logits differ from the peer's by "
                                          f"{res['conversion_max_abs_diff']:.3g}")
-                scored = score(t, draft)
+                scored = score(t, draft, hits)
                 res.update(scored if args.num_anchors == SCORE_ANCHORS else {f"score_a{args.num_anchors}": scored})
                 res_file.write_text(json.dumps(res))
                 res = {**res, **scored}
             res["val_conversations"] = len(t.val_idx)
+            res["hits_file"] = str(hits)  # in memory only: the pooled table pairs the drafts by it
             rows.append((run, seed, res))
             print(f"{name}: acc {[round(x, 4) for x in res['acc']]}, tau_sim {res['tau_sim']:.3f}, "
                   f"cpu {res['cpu_s']:.0f} s", flush=True)
@@ -459,26 +493,61 @@ def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
     return {run: ([h / max(n, 1) for h, n in zip(hits[run], blocks[run])], blocks[run]) for run in hits}
 
 
+def paired_lead(rows, run: str, k: int) -> tuple[list[float], list[float]] | None:
+    """``run``'s lead over the peer per position, pooled over the seeds both were scored on, and its
+    standard error paired block by block (both drafts meet the same blocks, whose hits correlate);
+    None where a seed lacks either's per-block hits."""
+    from safetensors.torch import load_file
+
+    by_seed = {(r, seed): res for r, seed, res in rows}
+    diffs, valids = [], []
+    for (r, seed), res in by_seed.items():
+        if r != run:
+            continue
+        peer = by_seed.get(("speculators", seed))
+        if peer is None:
+            return None
+        paths = Path(res["hits_file"]), Path(peer["hits_file"])
+        if not all(p.exists() for p in paths):
+            return None
+        ours, theirs = (load_file(str(p)) for p in paths)
+        if not torch.equal(ours["valid"], theirs["valid"]):
+            return None
+        diffs.append(ours["hit"].float() - theirs["hit"].float())
+        valids.append(ours["valid"].bool())
+    if not diffs:
+        return None
+    d, v = torch.cat(diffs), torch.cat(valids)
+    n = v.sum(0).float().clamp_min(2)
+    mean = (d * v).sum(0) / n
+    var = ((d - mean) ** 2 * v).sum(0) / (n - 1)
+    return mean.tolist(), (var / n).sqrt().tolist()
+
+
 def print_pooled(rows, k: int) -> None:
-    """Every run pooled over its seeds; beside each of ours, its lead over the peer in standard errors.
-    The error is the unpaired binomial one, sqrt(p(1-p)/n) of each added in quadrature: the two drafts
-    are scored on the same blocks, whose hits correlate, so the paired error is smaller and the
-    ratio printed is a floor."""
+    """Every run pooled over its seeds; beside each of ours, its lead over the peer in standard errors:
+    paired block by block where both drafts' per-block hits were kept (marked p), else the unpaired
+    binomial error, sqrt(p(1-p)/n) of each added in quadrature, which overstates the noise of a lead
+    on shared blocks (marked u)."""
     pools = pooled(rows, k)
     peer = pools.get("speculators")
     seeds = sorted({seed for _, seed, _ in rows})
     print(f"\nPooled over seeds {','.join(map(str, seeds))} (each seed's blocks counted once; after the slash, "
-          "the lead over speculators in standard errors):\n")
+          "the lead over speculators in standard errors, p paired, u unpaired):\n")
     print("| tool | " + " | ".join(f"pos_{i}" for i in range(1, k + 1)) + " |")
     print("|---|" + "---|" * k)
     for run, (acc, n) in pools.items():
+        paired = paired_lead(rows, run, k) if peer is not None and run != "speculators" else None
         cells = []
         for i in range(k):
             cell = f"{acc[i]:.4f}"
-            if peer is not None and run != "speculators":
+            if paired is not None:
+                lead, se = paired[0][i], paired[1][i]
+                cell += f" / {lead / se:+.1f}p" if se > 0 else ""
+            elif peer is not None and run != "speculators":
                 pa, na = peer[0][i], peer[1][i]
                 se = (acc[i] * (1 - acc[i]) / max(n[i], 1) + pa * (1 - pa) / max(na, 1)) ** 0.5
-                cell += f" / {(acc[i] - pa) / se:+.1f}" if se > 0 else ""
+                cell += f" / {(acc[i] - pa) / se:+.1f}u" if se > 0 else ""
             cells.append(cell)
         print(f"| {run} | " + " | ".join(cells) + " |")
 
