@@ -332,10 +332,6 @@ def position_accuracy(t, draft) -> dict:
             "hits": hit, "valid": valid}
 
 
-def position_accuracy_to(t, draft, path: Path) -> None:
-    save_hits(position_accuracy(t, draft), path)
-
-
 def hits_file(work: Path, name: str, anchors: int) -> Path:
     return work / f"{name}.hits_a{anchors}.safetensors"
 
@@ -431,7 +427,7 @@ def main():
                         res_file.write_text(json.dumps(res))
                     res = {**res, **res[key]}
                 if args.paired and not hits.exists():  # scored before the per-block hits were kept
-                    position_accuracy_to(t, with_weights(t.draft, Path(res["weights"])), hits)
+                    save_hits(position_accuracy(t, with_weights(t.draft, Path(res["weights"]))), hits)
             else:
                 if run.startswith("eagle3"):
                     extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
@@ -493,7 +489,7 @@ def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
     return {run: ([h / max(n, 1) for h, n in zip(hits[run], blocks[run])], blocks[run]) for run in hits}
 
 
-def paired_lead(rows, run: str, k: int) -> tuple[list[float], list[float]] | None:
+def paired_lead(rows, run: str) -> tuple[list[float], list[float]] | None:
     """``run``'s lead over the peer per position, pooled over the seeds both were scored on, and its
     standard error paired block by block (both drafts meet the same blocks, whose hits correlate);
     None where a seed lacks either's per-block hits."""
@@ -537,7 +533,7 @@ def print_pooled(rows, k: int) -> None:
     print("| tool | " + " | ".join(f"pos_{i}" for i in range(1, k + 1)) + " |")
     print("|---|" + "---|" * k)
     for run, (acc, n) in pools.items():
-        paired = paired_lead(rows, run, k) if peer is not None and run != "speculators" else None
+        paired = paired_lead(rows, run) if peer is not None and run != "speculators" else None
         cells = []
         for i in range(k):
             cell = f"{acc[i]:.4f}"
