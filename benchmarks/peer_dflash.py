@@ -12,7 +12,9 @@ anchors per packed step (our default, 64 per conversation, draws 128); NAME=FLAG
 more `eagle3 train` flags. Given several --seeds it ends with every run pooled over them (each
 seed's blocks once) and each of ours' lead over the peer in standard errors: paired block by block
 from the per-block hits each scoring keeps beside the json (``NAME.hits_aN.safetensors``), where
-both drafts have them; ``--paired`` scores again the runs saved before those were kept.
+both drafts have them; ``--paired`` scores again the runs saved before those were kept. A last
+table gives the lead seed by seed, with an error from the seeds' spread: the paired error holds
+the held-out blocks' noise only, this one the training's randomness too.
 
 The store must hold DFlash's streams (`eagle3 gen-data ... --draft-type dflash` or eagle3,dflash).
 Which peer: speculators 0.9.0 and SpecForge 0.2.0 both train DFlash on a CPU (an SDPA mask in place
@@ -474,6 +476,7 @@ def main():
         print(f"| {run} | {seed} | " + " | ".join(f"{x:.3f}" for x in res["pos_acc"]) + " |")
     if len({seed for _, seed, _ in rows}) > 1:
         print_pooled(rows, k)
+        print_seed_leads(rows, k)
 
 
 def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
@@ -518,6 +521,42 @@ def paired_lead(rows, run: str) -> tuple[list[float], list[float]] | None:
     mean = (d * v).sum(0) / n
     var = ((d - mean) ** 2 * v).sum(0) / (n - 1)
     return mean.tolist(), (var / n).sqrt().tolist()
+
+
+def seed_lead(rows, run: str) -> tuple[list[float], list[float], list[int], int] | None:
+    """``run``'s lead over the peer per position, seed by seed: the mean of (ours - peer) over the
+    seeds both ran on, its standard error from the seeds' spread (None under three seeds: two seeds'
+    spread is one degree of freedom), and at how many seeds ours is at least the peer. Unlike the
+    paired-by-block error, this one holds the training's own randomness (initialisation, anchors,
+    order), which one seed's blocks cannot show."""
+    by_seed = {(r, seed): res for r, seed, res in rows}
+    diffs = [[a - b for a, b in zip(res["pos_acc"], by_seed[("speculators", seed)]["pos_acc"])]
+             for (r, seed), res in by_seed.items() if r == run and ("speculators", seed) in by_seed]
+    if not diffs:
+        return None
+    d = torch.tensor(diffs, dtype=torch.float64)
+    se = (d.std(0) / len(diffs) ** 0.5).tolist() if len(diffs) > 2 else None
+    return d.mean(0).tolist(), se, (d >= 0).sum(0).tolist(), len(diffs)
+
+
+def print_seed_leads(rows, k: int) -> None:
+    """Each of ours' lead over the peer, seed by seed (``seed_lead``)."""
+    runs = [r for r in dict.fromkeys(r for r, _, _ in rows) if r != "speculators"]
+    leads = {r: seed_lead(rows, r) for r in runs}
+    if not any(leads.values()):
+        return
+    print("\nLead over speculators seed by seed (mean of ours - peer over the seeds; after the slash, in "
+          "standard errors of that mean from the seeds' spread where three or more ran, then the seeds at "
+          "which ours is at least the peer):\n")
+    print("| tool | seeds | " + " | ".join(f"pos_{i}" for i in range(1, k + 1)) + " |")
+    print("|---|---|" + "---|" * k)
+    for run, lead in leads.items():
+        if lead is None:
+            continue
+        mean, se, ahead, n = lead
+        cells = [f"{m:+.4f}" + (f" / {m / s:+.1f}" if se and s > 0 else "") + f" / {a}/{n}"
+                 for m, s, a in zip(mean, se or [0.0] * k, ahead)]
+        print(f"| {run} | {n} | " + " | ".join(cells) + " |")
 
 
 def print_pooled(rows, k: int) -> None:
