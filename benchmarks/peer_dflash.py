@@ -492,18 +492,20 @@ def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
     return {run: ([h / max(n, 1) for h, n in zip(hits[run], blocks[run])], blocks[run]) for run in hits}
 
 
+def with_peer(rows, run: str) -> list[tuple[dict, dict | None]]:
+    """``run``'s result at each seed it ran on, beside the peer's at that seed (None where it has none)."""
+    peer = {seed: res for r, seed, res in rows if r == "speculators"}
+    return [(res, peer.get(seed)) for r, seed, res in rows if r == run]
+
+
 def paired_lead(rows, run: str) -> tuple[list[float], list[float]] | None:
     """``run``'s lead over the peer per position, pooled over the seeds both were scored on, and its
     standard error paired block by block (both drafts meet the same blocks, whose hits correlate);
     None where a seed lacks either's per-block hits."""
     from safetensors.torch import load_file
 
-    by_seed = {(r, seed): res for r, seed, res in rows}
     diffs, valids = [], []
-    for (r, seed), res in by_seed.items():
-        if r != run:
-            continue
-        peer = by_seed.get(("speculators", seed))
+    for res, peer in with_peer(rows, run):
         if peer is None:
             return None
         paths = Path(res["hits_file"]), Path(peer["hits_file"])
@@ -529,9 +531,8 @@ def seed_lead(rows, run: str) -> tuple[list[float], list[float], list[int], int]
     spread is one degree of freedom), and at how many seeds ours is at least the peer. Unlike the
     paired-by-block error, this one holds the training's own randomness (initialisation, anchors,
     order), which one seed's blocks cannot show."""
-    by_seed = {(r, seed): res for r, seed, res in rows}
-    diffs = [[a - b for a, b in zip(res["pos_acc"], by_seed[("speculators", seed)]["pos_acc"])]
-             for (r, seed), res in by_seed.items() if r == run and ("speculators", seed) in by_seed]
+    diffs = [[a - b for a, b in zip(res["pos_acc"], peer["pos_acc"])]
+             for res, peer in with_peer(rows, run) if peer is not None]
     if not diffs:
         return None
     d = torch.tensor(diffs, dtype=torch.float64)
