@@ -72,6 +72,7 @@ import time
 from pathlib import Path
 
 import torch
+from peer_trainers import load_split, store_dataset  # the peers' split and dataset, shared with the EAGLE-3 benchmark
 
 HERE = Path(__file__).resolve().parent
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
@@ -87,7 +88,7 @@ def run_speculators(a) -> dict:
     """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
     benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
     import speculators.train.trainer as st
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     from speculators.models.dflash import core as dcore
     from speculators.models.dflash.core import DFlashDraftModel
     from speculators.train.cli import create_transformer_layer_config
@@ -96,23 +97,8 @@ def run_speculators(a) -> dict:
 
     torch.accelerator.synchronize = lambda *x, **k: None  # stub 1: the step timer's synchronize
     st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
-    split = Path(a.split)
-    flat = load_file(str(split / "train.safetensors"))
-    meta = json.loads((split / "meta.json").read_text())
-    n = meta["samples"]
-    samples = [{k: flat[f"{i}.{k}"] for k in ("input_ids", "loss_mask", "aux", "final")} for i in range(n)]
-
-    class StoreDataset(BaseDataset):
-        def _compute_approx_lengths(self):
-            return [int(s["input_ids"].numel()) for s in samples]
-
-        def _get_raw_data(self, i):
-            s = samples[i]
-            return {"hidden_states": s["aux"].float(), "input_ids": s["input_ids"].long(),
-                    "verifier_last_hidden_states": s["final"].float(), "loss_mask": s["loss_mask"].bool()}
-
-        def __len__(self):
-            return len(samples)
+    samples, meta = load_split(Path(a.split))
+    StoreDataset = store_dataset(BaseDataset, samples)
 
     # its CLI's defaults (train/config/schema.py, train/cli.py) for --speculator-type dflash
     tl = create_transformer_layer_config(meta["model"], num_layers=a.draft_layers, draft_arch="qwen3",

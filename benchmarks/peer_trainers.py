@@ -67,6 +67,25 @@ def load_split(path: Path) -> tuple[list[dict], dict]:
     return samples, meta
 
 
+def store_dataset(base: type, samples: list[dict]) -> type:
+    """speculators' dataset (``base``: its BaseDataset, importable only in the peers' venv) over the
+    exported split, under the key names its collators read; its EAGLE-3 and DFlash trainers share it."""
+
+    class StoreDataset(base):
+        def _compute_approx_lengths(self):
+            return [int(s["input_ids"].numel()) for s in samples]
+
+        def _get_raw_data(self, i):
+            s = samples[i]
+            return {"hidden_states": s["aux"].float(), "input_ids": s["input_ids"].long(),
+                    "verifier_last_hidden_states": s["final"].float(), "loss_mask": s["loss_mask"].bool()}
+
+        def __len__(self):
+            return len(samples)
+
+    return StoreDataset
+
+
 def record_lr(optimizer) -> list[float]:
     """The learning rate of each optimizer step, as it was applied (read after the step, before
     the scheduler moves it on): a post-step hook, so every tool is logged the same way."""
@@ -105,18 +124,7 @@ def run_speculators(split: Path, out: Path, lr: float, steps: int, tokens: int, 
     st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
     samples, meta = load_split(split)
 
-    class StoreDataset(BaseDataset):
-        def _compute_approx_lengths(self):
-            return [int(s["input_ids"].numel()) for s in samples]
-
-        def _get_raw_data(self, i):
-            s = samples[i]
-            return {"hidden_states": s["aux"].float(), "input_ids": s["input_ids"].long(),
-                    "verifier_last_hidden_states": s["final"].float(), "loss_mask": s["loss_mask"].bool()}
-
-        def __len__(self):
-            return len(samples)
-
+    StoreDataset = store_dataset(BaseDataset, samples)
     vcfg = AutoConfig.from_pretrained(meta["model"])
     vcfg.num_hidden_layers = 1
     vocab = torch.load(split / "vocab.pt")
