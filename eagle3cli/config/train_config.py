@@ -113,8 +113,8 @@ class TrainConfig(TargetOptions):
     init_std: float = _f(0.02, "Standard deviation of the random initial weights of fc, the layer's linears and "
                                "the LM head.")
     residual_init_std: float | None = _f(None, "Standard deviation of the initial o_proj and down_proj, the two "
-                                               "linears that write into the residual stream (default: --init-std); "
-                                               "0 starts the layer as the identity.")
+                                               "linears that write into the residual stream (default: --init-std), "
+                                               "in every layer of a dflash draft; 0 starts the layer as the identity.")
     freeze_head: bool = _f(False, "Keep the LM head as the target's (with --warm-start head; ignored otherwise and "
                                   "with --init-from): nothing to learn there.")
     # --- draft family (docs/design.md §13) ---

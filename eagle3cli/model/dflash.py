@@ -249,13 +249,18 @@ class DFlashDraft(nn.Module):
     def set_head(self, weight: torch.Tensor):
         self._copy(self.lm_head.weight, weight, "LM head")
 
-    def init_weights(self, std: float = 0.02, seed: int | None = None):
-        """Random normal linears (fc and every layer's), the norms at one; the frozen parts untouched."""
+    def init_weights(self, std: float = 0.02, seed: int | None = None, residual_std: float | None = None):
+        """Random normal linears (fc and every layer's), the norms at one; the frozen parts untouched.
+        ``residual_std`` (default ``std``) scales each layer's o_proj and down_proj, the two that write
+        into the block's stream: at 0 every layer starts as the identity. Every weight is drawn
+        either way, so a seed gives the others alike."""
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear) and name != "lm_head":
+                writer = name.endswith(("o_proj", "down_proj"))
+                scale = residual_std if writer and residual_std is not None else std
                 with torch.no_grad():
-                    mod.weight.copy_((torch.randn(mod.weight.shape, generator=gen) * std).to(mod.weight.dtype))
+                    mod.weight.copy_((torch.randn(mod.weight.shape, generator=gen) * scale).to(mod.weight.dtype))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a DFlash draft file holds: everything but the target's embedding and head."""

@@ -138,7 +138,7 @@ class DFlashFamily:
             p.to(dtype)  # frozen and only read: a bf16 source is kept in bf16
         draft.set_embedding(parts.embed.cpu())
         draft.set_head(head.cpu())
-        draft.init_weights(std=cfg.init_std, seed=cfg.seed)
+        draft.init_weights(std=cfg.init_std, seed=cfg.seed, residual_std=cfg.residual_init_std)
         if "head" in warm_parts:  # the draft's last norm as the target's: its rows start in the head's space
             with torch.no_grad():
                 draft.norm.weight.copy_(parts.warm["norm"].to(draft.norm.weight.dtype))

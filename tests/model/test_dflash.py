@@ -72,6 +72,29 @@ def test_a_block_sees_nothing_at_or_after_its_anchor_nor_other_blocks():
     assert not torch.allclose(block_logits(d, aux, ids3, anchors, 1), ref)
 
 
+def test_residual_init_std_scales_only_each_layers_residual_writers():
+    """residual_std=0: every layer's o_proj and down_proj start at zero, every other weight is the
+    default draw for the seed, and each layer starts as the identity (a block's logits are those of
+    its embeddings alone, whatever the context)."""
+    ref, d = tiny(seed=3).float(), tiny(seed=3).float()
+    d.init_weights(std=0.2, seed=3, residual_std=0.0)
+    writers = {f"layers.{i}.{w}.weight" for i in range(2) for w in ("self_attn.o_proj", "mlp.down_proj")}
+    sd, ref_sd = d.state_dict(), ref.state_dict()
+    assert all(not sd[k].any() for k in writers)
+    norms = {k for k in sd if k.endswith("norm.weight")}  # tiny() moved them off one after its own init
+    assert all(torch.equal(v, ref_sd[k]) for k, v in sd.items() if k not in writers | norms)
+    aux, ids = inputs()
+    anchors = torch.tensor([[3, 9]])
+    got = d(aux.float(), ids, anchors)
+    assert torch.equal(got, d.logits(d.block_embeddings(ids.gather(1, anchors)).float()))
+    d.init_weights(std=0.2, seed=3, residual_std=0.01)
+    g = torch.Generator().manual_seed(3)
+    draws = {n: torch.randn(m.weight.shape, generator=g) for n, m in d.named_modules()
+             if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    assert torch.equal(d.layers[1].mlp.down_proj.weight, draws["layers.1.mlp.down_proj"] * 0.01)
+    assert torch.equal(d.layers[1].mlp.up_proj.weight, draws["layers.1.mlp.up_proj"] * 0.2)
+
+
 def test_block_mask_shape_and_values():
     m = block_mask(torch.tensor([[2, 5]]), 6, 3)
     assert m.shape == (1, 1, 6, 12)

@@ -119,6 +119,18 @@ def test_dpace_position_weights_train_and_are_recorded(both_store, target_dir, t
     assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2
 
 
+def test_residual_init_std_reaches_the_dflash_draft(both_store, target_dir, tmp_path):
+    """--residual-init-std sets every DFlash layer's o_proj and down_proj at setup, the rest as
+    the run without it draws them."""
+    t0 = Trainer(dconfig(both_store, target_dir, tmp_path / "a", draft_layers=2), quiet=True)
+    t1 = Trainer(dconfig(both_store, target_dir, tmp_path / "b", draft_layers=2, residual_init_std=0.0), quiet=True)
+    t0.setup(), t1.setup()
+    sd0, sd1 = t0.draft.state_dict(), t1.draft.state_dict()
+    writers = [k for k in sd1 if k.endswith(("o_proj.weight", "down_proj.weight"))]
+    assert len(writers) == 4 and all(not sd1[k].any() and sd0[k].any() for k in writers)
+    assert all(torch.equal(sd0[k], v) for k, v in sd1.items() if k not in writers)
+
+
 def test_eagle3_picks_its_own_streams_from_the_shared_store(both_store, target_dir, tmp_path):
     t = Trainer(config(both_store, target_dir, tmp_path / "e"), quiet=True)
     t.setup()
