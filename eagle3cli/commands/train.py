@@ -52,12 +52,13 @@ def _model_type(flags: dict) -> str | None:
 @flags_from(TrainConfig, extra=_EXTRA, unset=True)
 def train(**kwargs):
     """Train an EAGLE-3 draft (training-time test) or a DFlash draft (--draft-type dflash) on a gen-data store."""
-    from ..config.train_config import resolve
+    from ..config.train_config import check_family_flags, resolve
 
     recipe = kwargs.pop("recipe")
     print_config = kwargs.pop("print_config")
     resolve("none", kwargs)[0].validate(alone=True)  # each flag by itself, before a store, config or import
     cfg, used = resolve(recipe, kwargs, _model_type(kwargs) if recipe == "auto" else None)  # OptionError: one line
+    check_family_flags({k for k, v in kwargs.items() if v is not None}, cfg.draft_type)
     if recipe == "auto":
         console.print(f"recipe: {used or 'none (no recipe for this model family: defaults)'}", highlight=False)
     if print_config:

@@ -49,6 +49,14 @@ VARIANTS = ("eagle3", "eagle3.1")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DRAFT_TYPES = ("eagle3", "dflash")
 POSITION_WEIGHTS = ("decay", "dpace")
+# Settings only one draft family reads: typed beside the other family they would change nothing,
+# which is refused rather than trained without (a forgotten --draft-type costs a whole run).
+FAMILY_ONLY = {
+    "eagle3": ("ttt_steps", "step_decay", "eval_ttt_steps", "accept_loss", "variant", "norm_before_fc", "norm_output",
+               "norm_before_residual", "draft_vocab_size", "vocab_coverage"),
+    "dflash": ("block_size", "draft_layers", "num_anchors", "loss_gamma", "position_weights", "dpace_alpha",
+               "mask_token_id"),
+}
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                     "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
@@ -374,6 +382,16 @@ def load_recipe(name_or_path: str) -> tuple[str, dict]:
 # What --preset paper changes: the EAGLE-3 paper's setup, which the defaults study measured behind
 # the eagle3 defaults at every budget tried (docs/benchmarks.md, "Defaults study").
 PRESETS = {"eagle3": {}, "paper": {"lr": 1e-4, "norm_before_fc": False, "lr_schedule": "cosine", "loss_on": "answers"}}
+
+
+def check_family_flags(given, draft_type: str) -> None:
+    """Refuse the typed flags (``given``: field names) that only the other draft family reads."""
+    foreign = [n for family, names in FAMILY_ONLY.items() if family != draft_type for n in names if n in given]
+    if foreign:
+        other = next(f for f in FAMILY_ONLY if f != draft_type)
+        typed = ", ".join(flag_of(TrainConfig, n) for n in foreign)
+        raise TrainError(f"{typed}: only a --draft-type {other} draft reads {'it' if len(foreign) == 1 else 'them'}, "
+                         f"and this run trains {draft_type}; add --draft-type {other} or drop {typed}")
 
 
 def resolve(recipe: str | None, flags: dict, model_type: str | None = None) -> tuple[TrainConfig, str | None]:

@@ -179,3 +179,23 @@ def test_train_refuses_a_bad_optimizer_within_two_seconds():
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "--optimizer" in r.stderr and "'banana' is not one of 'adamw', 'muon'" in r.stderr
     assert took < 2.0, took
+
+
+def test_a_flag_of_the_other_draft_family_is_refused_in_one_line():
+    """A DFlash setting typed for an EAGLE-3 run (or the reverse) would change nothing: refused before
+    anything loads, naming the flags and the --draft-type that reads them; its own family's flags pass."""
+    argvs = [["train", "--model", "x", "--store", "s", "--recipe", "none", "--block-size", "8"],
+             ["train", "--model", "x", "--store", "s", "--recipe", "none", "--draft-type", "dflash",
+              "--ttt-steps", "3", "--draft-vocab-size", "8000"],
+             ["train", "--model", "x", "--store", "s", "--recipe", "none", "--draft-type", "dflash",
+              "--block-size", "8", "--num-anchors", "32", "--print-config"]]
+    res = refuse(argvs)
+    assert res["heavy"] == []
+    eagle, dflash, ok = res["runs"]
+    assert eagle["code"] == 1 and eagle["lines"] == [
+        "error: --block-size: only a --draft-type dflash draft reads it, and this run trains eagle3; "
+        "add --draft-type dflash or drop --block-size"], eagle
+    assert dflash["code"] == 1 and dflash["lines"] == [
+        "error: --ttt-steps, --draft-vocab-size: only a --draft-type eagle3 draft reads them, and this run "
+        "trains dflash; add --draft-type eagle3 or drop --ttt-steps, --draft-vocab-size"], dflash
+    assert ok["code"] == 0 and ok["lines"] == [], ok
