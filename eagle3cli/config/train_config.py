@@ -38,7 +38,7 @@ META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "init_std", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay",
                   "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes", "loss_gamma",
-                  "dpace_alpha")
+                  "dpace_alpha", "soft_labels")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
@@ -55,7 +55,7 @@ FAMILY_ONLY = {
     "eagle3": ("ttt_steps", "step_decay", "eval_ttt_steps", "accept_loss", "variant", "norm_before_fc", "norm_output",
                "norm_before_residual", "draft_vocab_size", "vocab_coverage"),
     "dflash": ("block_size", "draft_layers", "num_anchors", "loss_gamma", "position_weights", "dpace_alpha",
-               "mask_token_id"),
+               "mask_token_id", "soft_labels"),
 }
 # accelerate tracker name -> the packages that provide it.
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
@@ -147,6 +147,9 @@ class TrainConfig(TargetOptions):
                                 choices=POSITION_WEIGHTS)
     dpace_alpha: float = _f(0.5, "dflash with --position-weights dpace: confidences are smoothed to "
                                  "(1 - alpha) q + alpha; 1 weighs every position alike, 0 the raw chances.")
+    soft_labels: float = _f(0.0, "dflash: the share of each drafted position's loss scored against the target's "
+                                 "whole distribution rather than its argmax alone (0: argmax only, as DFlash's "
+                                 "authors train; 1: the distribution only).")
     mask_token_id: int = _f(-1, "dflash: the token id whose embedding fills the block after the anchor; a real "
                                 "row of the target's embedding, never eos or pad (-1: the first spare row, else "
                                 "the last id that is no special token).")
@@ -264,6 +267,8 @@ class TrainConfig(TargetOptions):
             raise TrainError(f"--loss-gamma must be 0 (auto) or more, got {self.loss_gamma:g}")
         if not 0 <= self.dpace_alpha <= 1:
             raise TrainError(f"--dpace-alpha must lie in [0, 1], got {self.dpace_alpha:g}")
+        if not 0 <= self.soft_labels <= 1:
+            raise TrainError(f"--soft-labels must lie in [0, 1], got {self.soft_labels:g}")
         if self.eval_prompts and not Path(self.eval_prompts).is_file():
             raise TrainError(f"--prompts {self.eval_prompts}: no such file")
         if alone:

@@ -6,6 +6,7 @@
                                                     # before its anchor and itself, nothing else
     loss    = sum_k w_k CE_k / sum_k w_k,  w_k = exp(-(k-1)/gamma), k = 1..B-1   (--position-weights decay)
               or w_k from the block's own confidences                          (--position-weights dpace)
+    CE_k    = (1 - s) CE(argmax) + s CE(target's distribution)                 (--soft-labels s)
 
 The labels are the target's own choices, as in EAGLE-3's teacher (``ttt.teacher_from_final``):
 greedy decoding accepts exactly those. The statistics have EAGLE-3's shape (``ttt.TTTOutput``,
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.target import finish_logits, output_head
-from .ttt import TTTOutput
+from .ttt import TTTOutput, soft_cross_entropy
 
 IGNORE = -100
 
@@ -116,6 +117,14 @@ def block_labels(argmax: torch.Tensor, scored: torch.Tensor, lengths: torch.Tens
     return torch.where(ok, lab, torch.full_like(lab, IGNORE))
 
 
+def block_rows(slot: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The teacher row [B, m, B-1] of each label: ``slot`` (``ttt.Teacher.slot``) at a + k - 1, the
+    position whose target distribution predicts the token at a + k (-1 where not computed)."""
+    t = slot.shape[1]
+    pos = (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(max=t - 1)
+    return slot.gather(1, pos.flatten(1)).view_as(pos)
+
+
 def needed_positions(scored: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor, real: torch.Tensor,
                      block_size: int) -> torch.Tensor:
     """The positions [B, T] whose target argmax the labels read (a + k - 1 for every block row)."""
@@ -131,8 +140,9 @@ class DFlashLoss(nn.Module):
     """The draft wrapped for training, as ``ttt.TTTModel`` wraps EAGLE-3's: forward = one step's
     loss and statistics (a module so DDP/FSDP see the forward and synchronise gradients)."""
 
-    def __init__(self, draft, gamma: float | None = None, dpace_alpha: float | None = None):
+    def __init__(self, draft, gamma: float | None = None, dpace_alpha: float | None = None, soft: float = 0.0):
         super().__init__()
+        self.soft = soft  # the share of CE_k taken against the target's distribution (``probs``)
         self.draft = draft
         self.block = draft.config.block_size
         self.gamma = gamma or default_gamma(self.block)
@@ -140,19 +150,26 @@ class DFlashLoss(nn.Module):
         self.steps = self.block - 1  # the statistics' length: one entry per drafted position
         self.active = None  # the trainer's --ttt-warmup hook; a block is drafted whole, so unused
 
-    def forward(self, input_ids, aux, anchors, labels) -> TTTOutput:
+    def forward(self, input_ids, aux, anchors, labels, probs=None, rows=None) -> TTTOutput:
+        """``probs`` [N, V] and ``rows`` [B, m, B-1]: the target's distributions and each label's row
+        among them, given when --soft-labels is above 0 (training only: held-out metrics score argmax)."""
         valid = labels != IGNORE  # [B, m, B-1]
         states = self.draft.block_states(aux, input_ids, anchors)[:, :, 1:]  # rows 1..B-1 draft the tokens
         h = self.draft.norm(states[valid])
         logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
         ce = F.cross_entropy(logits, labels[valid], reduction="none")
+        if probs is not None and self.soft > 0:
+            soft = soft_cross_entropy(logits, probs[rows[valid]])
+            ce_loss = soft if self.soft == 1 else (1 - self.soft) * ce + self.soft * soft
+        else:
+            ce_loss = ce
         if self.dpace_alpha is None:
             w = position_weights(self.block, self.gamma, labels.device).expand_as(labels)[valid]
         else:
             full = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
             full[valid] = ce.detach()
             w = dpace_weights(full, valid, self.dpace_alpha)[valid]
-        loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
+        loss = (w * ce_loss).sum() / w.sum().clamp_min(1e-9)
         if not valid.any():
             loss = states.sum() * 0.0  # no label in this micro-batch: a zero that still reaches every weight
         with torch.no_grad():

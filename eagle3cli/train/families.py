@@ -156,7 +156,8 @@ class DFlashFamily:
 
     def objective(self, draft, recompute: bool = True, held_out: bool = False):
         alpha = self.cfg.dpace_alpha if self.cfg.position_weights == "dpace" else None
-        return dflash_loss.DFlashLoss(draft, self.cfg.loss_gamma or None, alpha)
+        soft = 0.0 if held_out else self.cfg.soft_labels
+        return dflash_loss.DFlashLoss(draft, self.cfg.loss_gamma or None, alpha, soft)
 
     def inputs(self, t, ids, aux, final, mask, batch, held_out: bool, seed: int | None):
         # Held-out blocks are the same every evaluation (a fixed seed): their metrics compare.
@@ -164,16 +165,24 @@ class DFlashFamily:
         anchors, real = dflash_loss.sample_anchors(mask, lengths, self.cfg.num_anchors,
                                                    self.cfg.seed if held_out or seed is None else seed)
         used = dflash_loss.needed_positions(mask, lengths, anchors, real, self.cfg.block_size)
-        argmax = dflash_loss.target_argmax(t.head, final, used)
-        labels = dflash_loss.block_labels(argmax, mask, lengths, anchors, real, self.cfg.block_size)
-        return ids, aux, anchors, labels
+        if held_out or not self.cfg.soft_labels:
+            argmax = dflash_loss.target_argmax(t.head, final, used)
+            return ids, aux, anchors, dflash_loss.block_labels(argmax, mask, lengths, anchors, real,
+                                                               self.cfg.block_size)
+        # One pass over the head gives both: the distribution's argmax over the whole vocabulary.
+        vocab = torch.arange(output_head(t.head).weight.shape[0], device=final.device)
+        teacher = teacher_from_final(t.head, final, vocab, used, full_argmax=False)
+        labels = dflash_loss.block_labels(teacher.index, mask, lengths, anchors, real, self.cfg.block_size)
+        rows = dflash_loss.block_rows(teacher.slot, anchors, self.cfg.block_size)
+        return ids, aux, anchors, labels, teacher.probs, rows
 
     def record(self, t) -> dict:
         c = self.cfg
         return {"block_size": c.block_size, "draft_layers": c.draft_layers, "num_anchors": c.num_anchors,
                 "loss_gamma": c.loss_gamma or dflash_loss.default_gamma(c.block_size),
                 "position_weights": c.position_weights,
-                **({"dpace_alpha": c.dpace_alpha} if c.position_weights == "dpace" else {})}
+                **({"dpace_alpha": c.dpace_alpha} if c.position_weights == "dpace" else {}),
+                **({"soft_labels": c.soft_labels} if c.soft_labels else {})}
 
     def end_tokens(self, ends: set[int], t) -> set[int]:
         return ends  # the draft predicts over the target's whole vocabulary

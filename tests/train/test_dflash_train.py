@@ -94,6 +94,13 @@ def test_dpace_loss_weighs_its_blocks_and_takes_no_gradient_through_the_weights(
     assert (w[..., :-1][valid[..., :-1] & valid[..., 1:]] >= w[..., 1:][valid[..., :-1] & valid[..., 1:]]).all()
 
 
+def test_block_rows_point_each_label_at_the_distribution_one_position_back():
+    slot = torch.full((1, 10), -1)
+    slot[0, 2:8] = torch.arange(6) * 10  # position p's distribution is row 10 * (p - 2)
+    rows = dflash_loss.block_rows(slot, torch.tensor([[2, 4]]), block_size=4)
+    assert rows.tolist() == [[[0, 10, 20], [20, 30, 40]]]  # label k of the block at a reads a + k - 1
+
+
 # ---- the trainer ------------------------------------------------------------------------------
 
 def test_dflash_trains_from_a_shared_store_and_its_loss_goes_down(both_store, target_dir, tmp_path):
@@ -129,6 +136,45 @@ def test_residual_init_std_reaches_the_dflash_draft(both_store, target_dir, tmp_
     writers = [k for k in sd1 if k.endswith(("o_proj.weight", "down_proj.weight"))]
     assert len(writers) == 4 and all(not sd1[k].any() and sd0[k].any() for k in writers)
     assert all(torch.equal(sd0[k], v) for k, v in sd1.items() if k not in writers)
+
+
+def test_soft_labels_score_the_targets_distribution_and_mix_linearly(both_store, target_dir, tmp_path):
+    """--soft-labels s: each label's CE is (1 - s) against the argmax plus s against the target's
+    distribution at the same position; the labels and the held-out objective stay the argmax's."""
+    hard = Trainer(dconfig(both_store, target_dir, tmp_path / "h"), quiet=True)
+    soft = Trainer(dconfig(both_store, target_dir, tmp_path / "s", soft_labels=1.0), quiet=True)
+    hard.setup(), soft.setup()
+    idx = soft.groups(0)[0][0]
+    (ids, aux, anchors, labels), _ = hard._inputs(idx, noise_seed=5)
+    (ids_s, aux_s, anchors_s, labels_s, probs, rows), _ = soft._inputs(idx, noise_seed=5)
+    assert torch.equal(anchors, anchors_s) and torch.equal(labels, labels_s)  # one argmax, either way
+    valid = labels != dflash_loss.IGNORE
+    assert valid.sum() > 10 and (rows[valid] >= 0).all()
+    p = probs[rows[valid]]
+    assert torch.equal(p.argmax(-1), labels[valid]) and torch.allclose(p.sum(-1), torch.ones(len(p)), atol=1e-3)
+    assert len(soft._inputs(idx, held_out=True)[0]) == 4  # held-out metrics score the argmax only
+    assert soft.family.objective(soft.draft, held_out=True).soft == 0
+    draft = soft.draft
+
+    def loss(s, q=probs):
+        return dflash_loss.DFlashLoss(draft, None, None, s)(ids, aux, anchors, labels, q, rows).loss
+
+    with torch.no_grad():
+        l0, l1, half = loss(0.0), loss(1.0), loss(0.5)
+        assert torch.equal(l0, dflash_loss.DFlashLoss(draft)(ids, aux, anchors, labels).loss)
+        assert abs(float(l1 - l0)) > 1e-3 and torch.allclose(half, (l0 + l1) / 2, atol=1e-5)
+        one_hot = torch.zeros_like(probs)
+        one_hot[rows[valid], labels[valid]] = 1.0  # a distribution that is its argmax: the hard loss again
+        assert torch.allclose(loss(1.0, one_hot), l0, atol=1e-5)
+    assert soft.family.record(soft)["soft_labels"] == 1.0 and "soft_labels" not in hard.family.record(hard)
+    res = soft.run(stop_after=10 ** 6)
+    losses = [h["loss"] for h in res.history if "loss" in h]
+    assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2
+
+
+def test_soft_labels_outside_zero_to_one_are_refused(both_store, target_dir, tmp_path):
+    with pytest.raises(TrainError, match=r"--soft-labels must lie in \[0, 1\], got 1.5"):
+        Trainer(dconfig(both_store, target_dir, tmp_path / "run", soft_labels=1.5), quiet=True).setup()
 
 
 def test_eagle3_picks_its_own_streams_from_the_shared_store(both_store, target_dir, tmp_path):
