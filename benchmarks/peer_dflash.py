@@ -48,7 +48,9 @@ converts to ours exactly: its CLI makes every draft layer a sliding-window layer
 inside the block (window 2048, longer than any sequence here); the public z-lab drafts, vLLM,
 SGLang and eagle3 attend bidirectionally inside the block, so it trains with
 ``--full-attention-indices`` on every layer (``layer_types`` all full_attention). ``--peer-optimizer
-adamw`` runs speculators with the plain AdamW its TrainerConfig defaults to.
+adamw`` runs speculators with the plain AdamW its TrainerConfig defaults to; the run
+``speculators_kl`` trains it with ``--loss-fn kl_div`` (KL to the verifier's distribution, its
+default for the other speculator types), the peer's counterpart of eagle3's ``--soft-labels 1``.
 
 Scoring: speculators' weights carry the same tensor names as ours (fc, hidden_norm, layers.i.*,
 norm; no embedding, the target's frozen LM head); they are loaded into eagle3's DFlashDraft and
@@ -110,7 +112,7 @@ def run_speculators(a) -> dict:
         draft_attn_impl="sdpa", sample_from_anchor=False, sliding_window_non_causal=False)
     model.verifier_norm = torch.nn.Identity()  # the store's final state is already normed
     train_kw, _ = DFlashDraftModel.get_trainer_kwargs(
-        loss_fn="ce", loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=a.peer_anchors,
+        loss_fn=a.peer_loss, loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=a.peer_anchors,
         per_position_loss_weight="dpace", dpace_alpha=0.5)
     ds = StoreDataset(max_len=a.tokens, hidden_states_dtype=torch.float32)
     inner = _setup_dataloader(ds, total_seq_len=a.tokens, hidden_size=tl.hidden_size, num_workers=0,
@@ -268,14 +270,15 @@ def train_ours(name: str, seed: int, args, work: Path, extra: list[str]) -> dict
             "process_wall_s": time.time() - t0, "lrs": [r["lr"] for r in steps]}
 
 
-def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, optimizer: str) -> dict:
+def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, optimizer: str,
+               loss: str = "ce") -> dict:
     out = work / name
     log = work / f"{name}.log"
     t0 = time.time()
     rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--split", str(split), "--out", str(out),
              "--lr", str(lr), "--steps", str(args.steps), "--tokens", str(args.tokens), "--block-size",
              str(args.block_size), "--draft-layers", str(args.draft_layers), "--peer-anchors", str(args.peer_anchors),
-             "--peer-optimizer", optimizer, "--seed", str(seed)], log)
+             "--peer-optimizer", optimizer, "--peer-loss", loss, "--seed", str(seed)], log)
     if rc:
         raise SystemExit(f"speculators' run failed (rc {rc}): see {log}")
     res = json.loads((out / "result.json").read_text())
@@ -368,6 +371,7 @@ def main():
                          "Scores at other values are kept in the run's json beside the default's")
     ap.add_argument("--peer-anchors", type=int, default=512, help="speculators' blocks per packed step (its default)")
     ap.add_argument("--peer-optimizer", default="muon", help="muon (its CLI's default) or adamw")
+    ap.add_argument("--peer-loss", default="ce", help=argparse.SUPPRESS)  # speculators_kl: kl_div
     ap.add_argument("--lr", type=float, default=1e-3, help="both tools' default")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--val-fraction", type=float, default=0.1)
@@ -376,7 +380,8 @@ def main():
                     help="score again the runs whose per-block hits were not kept (saved before they were), "
                          "so the pooled table pairs every run with the peer block by block")
     ap.add_argument("--runs", default="eagle3,speculators",
-                    help="comma-separated: eagle3 (its defaults), speculators, speculators_adamw, eagle3_a256 "
+                    help="comma-separated: eagle3 (its defaults), speculators, speculators_adamw, speculators_kl "
+                         "(its loss against the target's distribution, --loss-fn kl_div), eagle3_a256 "
                          "(eagle3 at --num-anchors 256), or NAME=FLAGS: eagle3 with more `eagle3 train` flags "
                          "(NAME starts with eagle3, e.g. 'eagle3_muon=--optimizer muon'; separate runs by ';' "
                          "when one is given so)")
@@ -422,7 +427,8 @@ def main():
                     res = train_ours(name, seed, args, work, extra)
                 else:
                     opt = "adamw" if run == "speculators_adamw" else args.peer_optimizer
-                    res = train_peer(name, seed, args, work, split, args.lr, opt)
+                    loss = "kl_div" if run == "speculators_kl" else "ce"
+                    res = train_peer(name, seed, args, work, split, args.lr, opt, loss)
                 draft = with_weights(t.draft, Path(res["weights"]))
                 if not run.startswith("eagle3"):
                     res["conversion_max_abs_diff"] = check_conversion(t, name, work, draft)
