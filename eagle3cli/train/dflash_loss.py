@@ -117,11 +117,17 @@ def block_labels(argmax: torch.Tensor, scored: torch.Tensor, lengths: torch.Tens
     return torch.where(ok, lab, torch.full_like(lab, IGNORE))
 
 
+def label_sources(anchors: torch.Tensor, block_size: int, t: int) -> torch.Tensor:
+    """The position a + k - 1 [B, m, B-1] whose target output predicts label k of the block at a
+    (the token at a + k), clamped into a sequence of ``t``: where that token is past the end, the
+    label is IGNORE and the clamped position is never read for it."""
+    return (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(max=t - 1)
+
+
 def block_rows(slot: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """The teacher row [B, m, B-1] of each label: ``slot`` (``ttt.Teacher.slot``) at a + k - 1, the
-    position whose target distribution predicts the token at a + k (-1 where not computed)."""
-    t = slot.shape[1]
-    pos = (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(max=t - 1)
+    """The teacher row [B, m, B-1] of each label: ``slot`` (``ttt.Teacher.slot``) at its
+    ``label_sources`` position (-1 where not computed)."""
+    pos = label_sources(anchors, block_size, slot.shape[1])
     return slot.gather(1, pos.flatten(1)).view_as(pos)
 
 
@@ -130,7 +136,7 @@ def needed_positions(scored: torch.Tensor, lengths: torch.Tensor, anchors: torch
     """The positions [B, T] whose target argmax the labels read (a + k - 1 for every block row)."""
     b, t = scored.shape
     used = torch.zeros(b, t, dtype=torch.bool, device=scored.device)
-    pos = (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(max=t - 1)
+    pos = label_sources(anchors, block_size, t)
     ok = real[..., None] & (pos + 1 < lengths[:, None, None])
     used.view(-1)[(pos + torch.arange(b, device=pos.device)[:, None, None] * t)[ok]] = True
     return used
