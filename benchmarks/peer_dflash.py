@@ -51,6 +51,10 @@ SGLang and eagle3 attend bidirectionally inside the block, so it trains with
 adamw`` runs speculators with the plain AdamW its TrainerConfig defaults to; the run
 ``speculators_kl`` trains it with ``--loss-fn kl_div`` (KL to the verifier's distribution, its
 default for the other speculator types), the peer's counterpart of eagle3's ``--soft-labels 1``.
+``--init-from peer`` in a run's flags starts ours from the very weights the peer's run at that
+seed starts from (drawn again in its venv from the same torch seed): a common initialisation
+takes the initial draw's share out of the seed-to-seed noise, so the two trainers are compared on
+what they do with the data.
 
 Scoring: speculators' weights carry the same tensor names as ours (fc, hidden_norm, layers.i.*,
 norm; no embedding, the target's frozen LM head); they are loaded into eagle3's DFlashDraft and
@@ -86,23 +90,13 @@ FROZEN = ("embed_tokens.", "lm_head.", "verifier_lm_head.", "verifier_norm.", "t
 
 # ---------------------------------------------------------------- the peer's side (its venv)
 
-def run_speculators(a) -> dict:
-    """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
-    benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
-    import speculators.train.trainer as st
-    from safetensors.torch import save_file
-    from speculators.models.dflash import core as dcore
+def peer_model(a, meta: dict):
+    """speculators' DFlash draft as its CLI builds it for --speculator-type dflash (train/config/schema.py,
+    train/cli.py defaults), every layer full attention; its initial weights are drawn here, from the
+    torch seed the worker set."""
     from speculators.models.dflash.core import DFlashDraftModel
     from speculators.train.cli import create_transformer_layer_config
-    from speculators.train.data import BaseDataset
-    from speculators.train.dataloader import _setup_dataloader
 
-    torch.accelerator.synchronize = lambda *x, **k: None  # stub 1: the step timer's synchronize
-    st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
-    samples, meta = load_split(Path(a.split))
-    StoreDataset = store_dataset(BaseDataset, samples)
-
-    # its CLI's defaults (train/config/schema.py, train/cli.py) for --speculator-type dflash
     tl = create_transformer_layer_config(meta["model"], num_layers=a.draft_layers, draft_arch="qwen3",
                                          hidden_act="silu", sliding_window=2048,
                                          full_attention_indices=list(range(a.draft_layers)))
@@ -111,6 +105,31 @@ def run_speculators(a) -> dict:
         target_layer_ids=meta["layers"], verifier_name_or_path=meta["model"], mask_token_id=meta["mask_token_id"],
         draft_attn_impl="sdpa", sample_from_anchor=False, sliding_window_non_causal=False)
     model.verifier_norm = torch.nn.Identity()  # the store's final state is already normed
+    return model, tl
+
+
+def save_peer_weights(model, out: Path) -> None:
+    """The draft's own tensors (not the target's frozen embedding and head), under the names ours carry."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if not k.startswith(FROZEN)}
+    save_file(state, str(out / DRAFT_FILE))
+
+
+def run_speculators(a) -> dict:
+    """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
+    benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
+    import speculators.train.trainer as st
+    from speculators.models.dflash import core as dcore
+    from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.train.data import BaseDataset
+    from speculators.train.dataloader import _setup_dataloader
+
+    torch.accelerator.synchronize = lambda *x, **k: None  # stub 1: the step timer's synchronize
+    st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
+    samples, meta = load_split(Path(a.split))
+    StoreDataset = store_dataset(BaseDataset, samples)
+    model, tl = peer_model(a, meta)
     train_kw, _ = DFlashDraftModel.get_trainer_kwargs(
         loss_fn=a.peer_loss, loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=a.peer_anchors,
         per_position_loss_weight="dpace", dpace_alpha=0.5)
@@ -145,8 +164,7 @@ def run_speculators(a) -> dict:
         epoch += 1
     wall, cpu = time.time() - t0, time.process_time() - c0
     out = Path(a.out)
-    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if not k.startswith(FROZEN)}
-    save_file(state, str(out / DRAFT_FILE))
+    save_peer_weights(model, out)
     # the conversion check: the peer's own logits for fixed blocks of the first sample
     s = samples[0]
     t = int(s["input_ids"].numel())
@@ -166,6 +184,9 @@ def worker(a) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    if a.init_only:  # the weights run_speculators starts from at this seed: nothing draws from torch's RNG first
+        model, _ = peer_model(a, json.loads((Path(a.split) / "meta.json").read_text()))
+        return save_peer_weights(model, Path(a.out))
     res = run_speculators(a)
     (Path(a.out) / "result.json").write_text(json.dumps(res))
     print(json.dumps({k: v for k, v in res.items() if k != "lrs"}))
@@ -285,6 +306,30 @@ def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, o
     return {"weights": str(out / DRAFT_FILE), "process_wall_s": time.time() - t0, **res}
 
 
+def peer_init(t, seed: int, args, work: Path, split: Path) -> Path:
+    """A draft directory holding the weights speculators' run at ``seed`` starts from (its worker
+    draws them from the same torch seed), for ``--init-from peer``: both tools then train from one
+    initialisation, so what differs between their drafts is the training alone."""
+    from eagle3cli.publish.dflash_export import save_dflash
+
+    out = work / f"peer_init_s{seed}"
+    if not (out / "config.json").exists():
+        raw = work / f"peer_init_s{seed}_raw"
+        rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--init-only", "--split", str(split),
+                 "--out", str(raw), "--block-size", str(args.block_size), "--draft-layers", str(args.draft_layers),
+                 "--seed", str(seed)], work / f"peer_init_s{seed}.log")
+        if rc:
+            raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {work / f'peer_init_s{seed}.log'}")
+        save_dflash(with_weights(t.draft, raw / DRAFT_FILE), out, dtype=torch.float32)
+    return out
+
+
+def with_peer_init(extra: list[str], t, seed: int, args, work: Path, split: Path) -> list[str]:
+    """``--init-from peer`` in a run's flags: the peer's initial draft at this seed."""
+    return [str(peer_init(t, seed, args, work, split)) if x == "peer" and i and extra[i - 1] == "--init-from" else x
+            for i, x in enumerate(extra)]
+
+
 def check_conversion(t, name: str, work: Path, draft) -> float:
     """The peer's logits for fixed blocks of the first training sample against eagle3's forward of
     the converted draft on the same blocks: max |diff|."""
@@ -390,6 +435,7 @@ def main():
     ap.add_argument("--split", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--init-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -424,6 +470,7 @@ def main():
             else:
                 if run.startswith("eagle3"):
                     extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
+                    extra = with_peer_init(extra, t, seed, args, work, split)
                     res = train_ours(name, seed, args, work, extra)
                 else:
                     opt = "adamw" if run == "speculators_adamw" else args.peer_optimizer
