@@ -312,14 +312,14 @@ def peer_init(t, seed: int, args, work: Path, split: Path) -> Path:
     initialisation, so what differs between their drafts is the training alone."""
     from eagle3cli.publish.dflash_export import save_dflash
 
-    out = work / f"peer_init_s{seed}"
+    name = f"peer_init_b{args.block_size}l{args.draft_layers}_s{seed}"  # the draw's shapes follow both
+    out, raw, log = work / name, work / f"{name}_raw", work / f"{name}.log"
     if not (out / "config.json").exists():
-        raw = work / f"peer_init_s{seed}_raw"
         rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--init-only", "--split", str(split),
                  "--out", str(raw), "--block-size", str(args.block_size), "--draft-layers", str(args.draft_layers),
-                 "--seed", str(seed)], work / f"peer_init_s{seed}.log")
+                 "--seed", str(seed)], log)
         if rc:
-            raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {work / f'peer_init_s{seed}.log'}")
+            raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {log}")
         save_dflash(with_weights(t.draft, raw / DRAFT_FILE), out, dtype=torch.float32)
     return out
 
