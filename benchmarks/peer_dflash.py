@@ -321,7 +321,25 @@ def peer_init(t, seed: int, args, work: Path, split: Path) -> Path:
         if rc:
             raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {log}")
         save_dflash(with_weights(t.draft, raw / DRAFT_FILE), out, dtype=torch.float32)
+    trained = work / f"speculators_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}" / DRAFT_FILE
+    if trained.exists():
+        check_same_draw(raw / DRAFT_FILE, trained)
     return out
+
+
+def check_same_draw(init: Path, trained: Path, least: float = 0.5) -> None:
+    """The redrawn weights must be the ones the peer's run started from: its trained matrices stay
+    close to their initial draw in these short runs (correlation 0.96-0.9996 at 240 steps, about 0
+    against another seed's), so a draw that a later speculators makes differently fails here."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(init)), load_file(str(trained))
+    for k, v in a.items():
+        if v.dim() == 2:
+            r = float(torch.corrcoef(torch.stack([v.flatten().float(), b[k].flatten().float()]))[0, 1])
+            if r < least:
+                raise SystemExit(f"{init}: {k} correlates {r:.3f} with the peer's trained {trained}: not the "
+                                 f"draw its run started from")
 
 
 def with_peer_init(extra: list[str], t, seed: int, args, work: Path, split: Path) -> list[str]:
