@@ -322,8 +322,8 @@ def peer_init(t, seed: int, args, work: Path, split: Path) -> Path:
             raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {log}")
         save_dflash(with_weights(t.draft, raw / DRAFT_FILE), out, dtype=torch.float32)
     trained = work / f"speculators_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}" / DRAFT_FILE
-    if trained.exists():
-        check_same_draw(raw / DRAFT_FILE, trained)
+    if trained.exists():  # the cached draft itself, so a run that reuses it is checked without the raw folder
+        check_same_draw(out / DRAFT_FILE, trained)
     return out
 
 
