@@ -386,6 +386,27 @@ def position_accuracy(t, draft) -> dict:
             "hits": hit, "valid": valid}
 
 
+@torch.no_grad()
+def calibration(t, draft) -> dict:
+    """Per drafted position, on the scorer's held-out blocks: the mean cross-entropy of the target's
+    greedy token under the draft, and the draft's mean top probability. Two drafts can rank one way by
+    argmax accuracy and the other by cross-entropy; this shows which, and how sharp each one is."""
+    from eagle3cli.train.batching import make_batches
+    from eagle3cli.train.dflash_loss import IGNORE
+
+    k = t.cfg.block_size - 1
+    ce, top, n = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64), torch.zeros(k)
+    for idx in make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0):
+        (ids, aux, anchors, labels), _ = t._inputs(idx, held_out=True)
+        logp = draft(aux, ids, anchors)[:, :, 1:].float().log_softmax(-1)
+        valid = labels != IGNORE
+        nll = -logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0]
+        ce += (nll * valid).sum((0, 1)).double()
+        top += (logp.max(-1).values.exp() * valid).sum((0, 1)).double()
+        n += valid.sum((0, 1))
+    return {"pos_ce": (ce / n.clamp_min(1)).tolist(), "pos_top_p": (top / n.clamp_min(1)).tolist()}
+
+
 def hits_file(work: Path, name: str, anchors: int) -> Path:
     return work / f"{name}.hits_a{anchors}.safetensors"
 
@@ -442,6 +463,8 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="score again the runs whose per-block hits were not kept (saved before they were), "
                          "so the pooled table pairs every run with the peer block by block")
+    ap.add_argument("--calibration", action="store_true",
+                    help="also print each draft's held-out cross-entropy and mean top probability per position")
     ap.add_argument("--runs", default="eagle3,speculators",
                     help="comma-separated: eagle3 (its defaults), speculators, speculators_adamw, speculators_kl "
                          "(its loss against the target's distribution, --loss-fn kl_div), eagle3_a256 "
@@ -474,7 +497,9 @@ def main():
             hits = hits_file(work, name, args.num_anchors)
             if res_file.exists():
                 res = json.loads(res_file.read_text())
-                if "pos_acc" not in res:  # scored before the unconditional accuracy was added
+                # scored before the unconditional accuracy was added (a run first scored at another
+                # --num-anchors has no default score yet: it is made when the default is asked for)
+                if "pos_acc" not in res and args.num_anchors == SCORE_ANCHORS:
                     res.update(score(t, with_weights(t.draft, Path(res["weights"])), hits))
                     res_file.write_text(json.dumps(res))
                 if args.num_anchors != SCORE_ANCHORS:  # another scoring: kept beside the default one
@@ -504,6 +529,8 @@ def main():
                 res.update(scored if args.num_anchors == SCORE_ANCHORS else {f"score_a{args.num_anchors}": scored})
                 res_file.write_text(json.dumps(res))
                 res = {**res, **scored}
+            if args.calibration:
+                res.update(calibration(t, with_weights(t.draft, Path(res["weights"]))))
             res["val_conversations"] = len(t.val_idx)
             res["hits_file"] = str(hits)  # in memory only: the pooled table pairs the drafts by it
             rows.append((run, seed, res))
@@ -531,9 +558,21 @@ def main():
     print("|---|---|" + "---|" * k)
     for run, seed, res in rows:
         print(f"| {run} | {seed} | " + " | ".join(f"{x:.3f}" for x in res["pos_acc"]) + " |")
+    if args.calibration:
+        print_calibration(rows, k)
     if len({seed for _, seed, _ in rows}) > 1:
         print_pooled(rows, k)
         print_seed_leads(rows, k)
+
+
+def print_calibration(rows, k: int) -> None:
+    """``calibration`` per run and seed: cross-entropy, then the mean top probability."""
+    print("\nHeld-out cross-entropy of the target's greedy token (nats) / the draft's mean top probability:\n")
+    print("| tool | seed | " + " | ".join(f"pos_{i}" for i in range(1, k + 1)) + " |")
+    print("|---|---|" + "---|" * k)
+    for run, seed, res in rows:
+        print(f"| {run} | {seed} | " + " | ".join(f"{c:.2f} / {p:.3f}" for c, p in zip(res["pos_ce"], res["pos_top_p"]))
+              + " |")
 
 
 def pooled(rows, k: int) -> dict[str, tuple[list[float], list[int]]]:
