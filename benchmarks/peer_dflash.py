@@ -321,7 +321,7 @@ def peer_init(t, seed: int, args, work: Path, split: Path) -> Path:
         if rc:
             raise SystemExit(f"speculators' initial draft failed (rc {rc}): see {log}")
         save_dflash(with_weights(t.draft, raw / DRAFT_FILE), out, dtype=torch.float32)
-    trained = work / f"speculators_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}" / DRAFT_FILE
+    trained = work / run_name("speculators", seed, args) / DRAFT_FILE
     if trained.exists():  # the cached draft itself, so a run that reuses it is checked without the raw folder
         check_same_draw(out / DRAFT_FILE, trained)
     return out
@@ -362,6 +362,18 @@ def check_conversion(t, name: str, work: Path, draft) -> float:
     return float((ours - chk["logits"]).abs().max())
 
 
+def held_out_blocks(t, draft):
+    """The scorer's held-out blocks, batch by batch: the draft's logits for the drafted positions
+    [B, m, k, V], their labels (the target's greedy tokens) and which labels exist [B, m, k]. Every
+    draft of a seed meets the same blocks in the same order (``evaluate``'s blocks and labels)."""
+    from eagle3cli.train.batching import make_batches
+    from eagle3cli.train.dflash_loss import IGNORE
+
+    for idx in make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0):
+        (ids, aux, anchors, labels), _ = t._inputs(idx, held_out=True)
+        yield draft(aux, ids, anchors)[:, :, 1:], labels, labels != IGNORE
+
+
 @torch.no_grad()
 def position_accuracy(t, draft) -> dict:
     """Per drafted position k, the share of held-out blocks whose token k is the target's greedy one,
@@ -369,16 +381,10 @@ def position_accuracy(t, draft) -> dict:
     position rests on all the blocks. ``pos_blocks`` counts them (a label past the sequence is none),
     so seeds pool by blocks. ``hits`` and ``valid`` ([blocks, k], the same block order for every
     draft of a seed) pair two drafts block by block."""
-    from eagle3cli.train.batching import make_batches
-    from eagle3cli.train.dflash_loss import IGNORE
-
     hits, valids = [], []
-    for idx in make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0):
-        (ids, aux, anchors, labels), _ = t._inputs(idx, held_out=True)
-        pred = draft(aux, ids, anchors)[:, :, 1:].argmax(-1)
-        valid = labels != IGNORE
+    for logits, labels, valid in held_out_blocks(t, draft):
         block = valid.any(-1)
-        hits.append(((pred == labels) & valid)[block])
+        hits.append(((logits.argmax(-1) == labels) & valid)[block])
         valids.append(valid[block])
     hit, valid = torch.cat(hits), torch.cat(valids)
     n = valid.sum(0).float()
@@ -391,20 +397,20 @@ def calibration(t, draft) -> dict:
     """Per drafted position, on the scorer's held-out blocks: the mean cross-entropy of the target's
     greedy token under the draft, and the draft's mean top probability. Two drafts can rank one way by
     argmax accuracy and the other by cross-entropy; this shows which, and how sharp each one is."""
-    from eagle3cli.train.batching import make_batches
-    from eagle3cli.train.dflash_loss import IGNORE
-
     k = t.cfg.block_size - 1
     ce, top, n = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64), torch.zeros(k)
-    for idx in make_batches(t.val_idx, t.crop_lengths, t.cfg.max_tokens, t.cfg.seed, 0):
-        (ids, aux, anchors, labels), _ = t._inputs(idx, held_out=True)
-        logp = draft(aux, ids, anchors)[:, :, 1:].float().log_softmax(-1)
-        valid = labels != IGNORE
+    for logits, labels, valid in held_out_blocks(t, draft):
+        logp = logits.float().log_softmax(-1)
         nll = -logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0]
         ce += (nll * valid).sum((0, 1)).double()
         top += (logp.max(-1).values.exp() * valid).sum((0, 1)).double()
         n += valid.sum((0, 1))
     return {"pos_ce": (ce / n.clamp_min(1)).tolist(), "pos_top_p": (top / n.clamp_min(1)).tolist()}
+
+
+def run_name(run: str, seed: int, args) -> str:
+    """A run's name in --work: the tool or recipe, then what fixes its draft (steps, block, layers, seed)."""
+    return f"{run}_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}"
 
 
 def hits_file(work: Path, name: str, anchors: int) -> Path:
@@ -492,7 +498,7 @@ def main():
             export_split(t, split, args)
         for spec in split_runs(args.runs):
             run, _, flags = spec.partition("=")
-            name = f"{run}_{args.steps}s_b{args.block_size}l{args.draft_layers}_s{seed}"
+            name = run_name(run, seed, args)
             res_file = work / f"{name}.json"
             hits = hits_file(work, name, args.num_anchors)
             if res_file.exists():
