@@ -47,7 +47,11 @@ One departure from speculators' defaults, so its draft is the DFlash every engin
 converts to ours exactly: its CLI makes every draft layer a sliding-window layer that is causal
 inside the block (window 2048, longer than any sequence here); the public z-lab drafts, vLLM,
 SGLang and eagle3 attend bidirectionally inside the block, so it trains with
-``--full-attention-indices`` on every layer (``layer_types`` all full_attention). ``--peer-optimizer
+``--full-attention-indices`` on every layer (``layer_types`` all full_attention). And on a CPU
+without native bf16 (AVX2 only) its Muon, torch's, runs the Newton-Schulz iteration in fp32 as
+eagle3's does there (``optim.newton_schulz_dtype``): torch's bf16 is emulated on such a CPU and
+made a DFlash step 2.5x slower (benchmarks/muon_precision.py), and both tools' updates then round alike;
+where bf16 is native both keep torch's. ``--peer-optimizer
 adamw`` runs speculators with the plain AdamW its TrainerConfig defaults to; the run
 ``speculators_kl`` trains it with ``--loss-fn kl_div`` (KL to the verifier's distribution, its
 default for the other speculator types), the peer's counterpart of eagle3's ``--soft-labels 1``.
@@ -116,6 +120,17 @@ def save_peer_weights(model, out: Path) -> None:
     save_file(state, str(out / DRAFT_FILE))
 
 
+def fp32_newton_schulz() -> None:
+    """torch's Muon iterates in the dtype eagle3's Muon uses on this CPU (fp32 where bf16 is emulated)."""
+    import torch.optim._muon as muon
+
+    from eagle3cli.train.optim import newton_schulz_dtype, orthogonalise
+
+    dtype = newton_schulz_dtype(torch.device("cpu"))
+    if dtype != torch.bfloat16:
+        muon._zeropower_via_newtonschulz = lambda g, coef, steps, eps: orthogonalise(g, coef, steps, eps, dtype)
+
+
 def run_speculators(a) -> dict:
     """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
     benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
@@ -127,6 +142,7 @@ def run_speculators(a) -> dict:
 
     torch.accelerator.synchronize = lambda *x, **k: None  # stub 1: the step timer's synchronize
     st.get_local_rank = lambda: "cpu"  # stub 2: batches and the model go .to(local_rank)
+    fp32_newton_schulz()
     samples, meta = load_split(Path(a.split))
     StoreDataset = store_dataset(BaseDataset, samples)
     model, tl = peer_model(a, meta)

@@ -1,0 +1,83 @@
+"""optim.Muon: torch's Muon with the Newton-Schulz dtype chosen per device."""
+
+import copy
+
+import pytest
+import torch
+
+from eagle3cli.train import optim
+from eagle3cli.train.optim import Muon, newton_schulz_dtype, orthogonalise
+
+SHAPES = [(24, 40), (40, 24), (16, 16)]  # wide, tall (the iteration transposes it) and square
+
+
+def params(seed: int) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=g) * 0.02) for s in SHAPES]
+
+
+def run(opt_cls, ps, steps: int, seed: int, **kw):
+    g = torch.Generator().manual_seed(seed)
+    opt = opt_cls(ps, lr=3e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw", **kw)
+    for _ in range(steps):
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_in_bf16_each_step_equals_torchs_bit_for_bit(nesterov):
+    ours, theirs = params(0), params(0)
+    run(Muon, ours, 4, seed=1, ns_dtype=torch.bfloat16, nesterov=nesterov)
+    run(torch.optim.Muon, theirs, 4, seed=1, nesterov=nesterov)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def test_a_torch_muon_checkpoint_resumes_in_ours_as_in_torchs():
+    first = params(0)
+    state = run(torch.optim.Muon, first, 2, seed=1).state_dict()
+    ours, theirs = [p.detach().clone().requires_grad_() for p in first], [p.detach().clone().requires_grad_()
+                                                                          for p in first]
+    for cls, ps, kw in ((Muon, ours, {"ns_dtype": torch.bfloat16}), (torch.optim.Muon, theirs, {})):
+        opt = cls(ps, lr=3e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw", **kw)
+        opt.load_state_dict(copy.deepcopy(state))  # loading keeps the buffers' storage: one each
+        g = torch.Generator().manual_seed(5)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def test_fp32_iteration_is_the_exact_one_to_fp32_rounding_and_bf16_is_not():
+    g = torch.randn(64, 160, generator=torch.Generator().manual_seed(2))
+    coef = torch.optim.Muon([torch.nn.Parameter(g.clone())]).defaults["ns_coefficients"]
+    exact = orthogonalise(g.double(), coef, 5, 1e-7, torch.float64)
+    err32 = (orthogonalise(g, coef, 5, 1e-7, torch.float32).double() - exact).abs().max().item()
+    err16 = (orthogonalise(g, coef, 5, 1e-7, torch.bfloat16).double() - exact).abs().max().item()
+    assert err32 < 1e-5 < 1e-3 < err16
+    assert torch.equal(g, torch.randn(64, 160, generator=torch.Generator().manual_seed(2)))  # input untouched
+
+
+def test_fp32_steps_follow_the_bf16_ones_closely():
+    a, b = params(0), params(0)
+    run(Muon, a, 3, seed=1, ns_dtype=torch.float32)
+    run(Muon, b, 3, seed=1, ns_dtype=torch.bfloat16)
+    for x, y, x0 in zip(a, b, params(0)):
+        moved = (y - x0).norm()
+        assert not torch.equal(x, y) and (x - y).norm() < 0.05 * moved
+
+
+def test_the_iteration_is_bf16_where_it_is_native_and_fp32_on_other_cpus(monkeypatch):
+    assert newton_schulz_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(optim, "native_bf16", lambda: True)
+    assert newton_schulz_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(optim, "native_bf16", lambda: False)
+    assert newton_schulz_dtype(torch.device("cpu")) == torch.float32
+    # and the optimizer asks per step: on such a CPU a step is the fp32 one
+    auto, fp32 = params(0), params(0)
+    run(Muon, auto, 2, seed=1)
+    run(Muon, fp32, 2, seed=1, ns_dtype=torch.float32)
+    assert all(torch.equal(x, y) for x, y in zip(auto, fp32))
