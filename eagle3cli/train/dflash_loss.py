@@ -142,6 +142,62 @@ def needed_positions(scored: torch.Tensor, lengths: torch.Tensor, anchors: torch
     return used
 
 
+class HeadCrossEntropy(torch.autograd.Function):
+    """CE(h_r W^T, label_r) for each row r, the frozen LM head fused in, a chunk of rows at a time.
+
+    A step's drafted rows times the target's vocabulary is the largest tensor of a DFlash step (3,584
+    x 49,152 fp32 logits, 700 MB, at 512 blocks of 8 on SmolLM2), written and read again by the
+    softmax, the loss and their backward. Each row's gradient d CE_r / d h_r = (softmax(z_r) -
+    onehot(label_r)) W is computed in the forward instead (``ttt.HeadSoftCrossEntropy`` does the same
+    for EAGLE-3's soft targets), so no logits outlive their chunk; the backward scales each row's by
+    the incoming d loss / d CE_r, so any weighting of the rows (D-PACE's comes from these very CEs)
+    is autograd's. Returns (per-row CE, each row's argmax); no gradient reaches the head.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, want_grad: bool, chunk: int):
+        n = h.shape[0]
+        grad_h = torch.empty_like(h) if want_grad and ctx.needs_input_grad[0] else None
+        ce = torch.empty(n, dtype=torch.float32, device=h.device)
+        pred = torch.empty(n, dtype=torch.long, device=h.device)
+        device = h.device.type
+        low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        for i in range(0, n, chunk):
+            z = F.linear(h[i:i + chunk], weight).float()
+            lab = labels[i:i + chunk]
+            lse = torch.logsumexp(z, dim=-1)
+            ce[i:i + chunk] = lse - z.gather(1, lab[:, None]).squeeze(1)
+            pred[i:i + chunk] = z.argmax(-1)
+            if grad_h is not None:
+                g = z.sub_(lse[:, None]).exp_()  # softmax(z), in z's storage
+                g[torch.arange(len(lab), device=g.device), lab] -= 1.0  # d CE / dz
+                # as autograd's backward of the plain head: the GEMM in the autocast dtype where on
+                g, w = (g.to(low), weight) if low is not None else (g, weight.to(g.dtype))
+                grad_h[i:i + chunk] = torch.matmul(g, w).to(h.dtype)
+        ctx.save_for_backward(grad_h)
+        ctx.mark_non_differentiable(pred)
+        return ce, pred
+
+    @staticmethod
+    def backward(ctx, grad_ce, _grad_pred):
+        (grad_h,) = ctx.saved_tensors
+        gh = grad_h * grad_ce[:, None].to(grad_h.dtype) if grad_h is not None else None
+        return gh, None, None, None, None
+
+
+HEAD_CHUNK = 256  # rows per chunk of HeadCrossEntropy: 50 MB of fp32 logits on a 49,152-token vocabulary
+
+
+def head_cross_entropy(head: nn.Linear, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-row CE of ``head``'s logits against ``labels``, each row's argmax), through
+    ``HeadCrossEntropy`` where the head is frozen and has no bias (a DFlash draft's always is)."""
+    x = h.to(head.weight.dtype)
+    if head.weight.requires_grad or head.bias is not None:
+        logits = head(x).float()
+        return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+    return HeadCrossEntropy.apply(x, head.weight, labels, torch.is_grad_enabled(), HEAD_CHUNK)
+
+
 class DFlashLoss(nn.Module):
     """The draft wrapped for training, as ``ttt.TTTModel`` wraps EAGLE-3's: forward = one step's
     loss and statistics (a module so DDP/FSDP see the forward and synchronise gradients)."""
@@ -162,12 +218,13 @@ class DFlashLoss(nn.Module):
         valid = labels != IGNORE  # [B, m, B-1]
         states = self.draft.block_states(aux, input_ids, anchors)[:, :, 1:]  # rows 1..B-1 draft the tokens
         h = self.draft.norm(states[valid])
-        logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
-        ce = F.cross_entropy(logits, labels[valid], reduction="none")
-        if probs is not None and self.soft > 0:
+        if probs is not None and self.soft > 0:  # the target's whole distributions: the logits are needed
+            logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
+            ce, pred = F.cross_entropy(logits, labels[valid], reduction="none"), logits.argmax(-1)
             soft = soft_cross_entropy(logits, probs[rows[valid]])
             ce_loss = soft if self.soft == 1 else (1 - self.soft) * ce + self.soft * soft
         else:
+            ce, pred = head_cross_entropy(self.draft.lm_head, h, labels[valid])
             ce_loss = ce
         if self.dpace_alpha is None:
             w = position_weights(self.block, self.gamma, labels.device).expand_as(labels)[valid]
@@ -180,7 +237,7 @@ class DFlashLoss(nn.Module):
             loss = states.sum() * 0.0  # no label in this micro-batch: a zero that still reaches every weight
         with torch.no_grad():
             hit = torch.zeros_like(valid)
-            hit[valid] = logits.argmax(-1) == labels[valid]
+            hit[valid] = pred == labels[valid]
             ahead = torch.cumprod(F.pad(hit, (1, 0), value=True)[..., :-1].long(), dim=-1).bool()
             counted_at = valid & ahead  # position k counts when 1..k-1 were all right
             counted = counted_at.sum((0, 1))

@@ -222,3 +222,66 @@ def test_dflash_online_equals_offline_on_identical_features(tmp_path, target_dir
     # such noise in near-zero gradients into updates of ~1e-4; other streams or labels move weights ~1e-2.
     for k, v in weights(a.draft).items():
         torch.testing.assert_close(v, weights(b.draft)[k], atol=5e-4, rtol=1e-3)
+
+
+# ---- the fused head and loss -------------------------------------------------------------------
+
+def plain_head_ce(head, h, labels):
+    logits = head(h.to(head.weight.dtype)).float()
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_head_cross_entropy_equals_the_plain_head_and_loss(autocast):
+    """Per-row CE, argmax and the gradient reaching h under any row weighting, across chunk edges
+    (23 rows in chunks of 7), in fp32 and under CPU bf16 autocast."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
+    head.weight.copy_(torch.randn(300, 16, generator=g))
+    h0 = torch.randn(23, 16, generator=g)
+    labels = torch.randint(0, 300, (23,), generator=g)
+    w = torch.rand(23, generator=g)
+    out = {}
+    for name in ("plain", "fused"):
+        h = h0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if name == "plain":
+                ce, pred = plain_head_ce(head, h, labels)
+            else:
+                ce, pred = dflash_loss.HeadCrossEntropy.apply(h, head.weight, labels, True, 7)
+            (w * ce).sum().backward()
+        out[name] = (ce.detach(), pred, h.grad)
+    (ce_p, pred_p, g_p), (ce_f, pred_f, g_f) = out["plain"], out["fused"]
+    tol = 1e-2 if autocast else 1e-5
+    assert torch.allclose(ce_f, ce_p, rtol=tol, atol=tol) and torch.equal(pred_f, pred_p)
+    assert torch.allclose(g_f, g_p, rtol=tol, atol=tol * g_p.abs().max().item())
+    assert g_p.abs().max() > 0.1  # the gradient is not vanishing, so the comparison means something
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # held-out scoring
+        ce_n, pred_n = dflash_loss.head_cross_entropy(head, h0, labels)
+    assert torch.equal(pred_n, pred_p) and not ce_n.requires_grad
+
+
+@pytest.mark.parametrize("weights", ["decay", "dpace"])
+def test_dflash_loss_through_the_fused_head_equals_the_plain_one(both_store, target_dir, tmp_path, weights,
+                                                                 monkeypatch):
+    """The step's loss, statistics and every draft weight's gradient, fused head or not."""
+    t = Trainer(dconfig(both_store, target_dir, tmp_path / weights, position_weights=weights), quiet=True)
+    t.setup()
+    (ids, aux, anchors, labels), _ = t._inputs(t.groups(0)[0][0], noise_seed=5)
+    alpha = 0.5 if weights == "dpace" else None
+    res = {}
+    for name in ("fused", "plain"):
+        if name == "plain":
+            monkeypatch.setattr(dflash_loss, "head_cross_entropy", plain_head_ce)
+        t.draft.zero_grad(set_to_none=True)
+        out = dflash_loss.DFlashLoss(t.draft, None, alpha)(ids, aux, anchors, labels)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in t.draft.named_parameters() if p.grad is not None}
+        res[name] = (out, grads)
+    (f, gf), (p, gp) = res["fused"], res["plain"]
+    assert torch.allclose(f.loss, p.loss, rtol=1e-5) and torch.equal(f.correct, p.correct)
+    assert torch.equal(f.counted, p.counted) and torch.allclose(f.step_loss, p.step_loss, rtol=1e-5)
+    assert set(gf) == set(gp) and "fc.weight" in gf and "lm_head.weight" not in gf
+    for n in gp:
+        # fp32 sums over a step's rows in another order: about 3e-5 of the largest entry
+        assert torch.allclose(gf[n], gp[n], rtol=1e-3, atol=2e-4 * gp[n].abs().max().item()), n
