@@ -285,3 +285,9 @@ def test_dflash_loss_through_the_fused_head_equals_the_plain_one(both_store, tar
     for n in gp:
         # fp32 sums over a step's rows in another order: about 3e-5 of the largest entry
         assert torch.allclose(gf[n], gp[n], rtol=1e-3, atol=2e-4 * gp[n].abs().max().item()), n
+
+
+def test_head_chunks_hold_about_100_mb_of_logits():
+    assert dflash_loss.head_chunk(49152) == 512  # SmolLM2: 96 MB
+    assert dflash_loss.head_chunk(151936) == 128  # Qwen2.5: 74 MB
+    assert dflash_loss.head_chunk(300) == 1024 and dflash_loss.head_chunk(10 ** 7) == 64
