@@ -176,7 +176,7 @@ class HeadCrossEntropy(torch.autograd.Function):
             if grad_h is not None:
                 g = z.div_(total[:, None])  # softmax(z)
                 g[torch.arange(len(lab), device=g.device), lab] -= 1.0  # d CE / dz
-                # as autograd's backward of the plain head: the GEMM in the autocast dtype where on
+                # as autograd's backward of the plain head: the GEMM in the autocast dtype under autocast
                 g, w = (g.to(low), weight) if low is not None else (g, weight.to(g.dtype))
                 grad_h[i:i + chunk] = torch.matmul(g, w).to(h.dtype)
         ctx.save_for_backward(grad_h)
