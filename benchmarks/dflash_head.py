@@ -19,48 +19,28 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from muon_precision import dflash_steps
+from train_throughput import SMOLLM2
 
-from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.core.hardware import cpu_class
 from eagle3cli.train import dflash_loss
 from eagle3cli.train.dflash_loss import HeadCrossEntropy
-from eagle3cli.train.trainer import train
-
-SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 
 
 def plain_head(head, h, labels):
-    logits = head(h.to(head.weight.dtype)).float()
-    return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
-
-
-def train_steps(args, fused: bool) -> list[dict]:
-    """One short run; the plain arm swaps the fused head for the plain one."""
-    default = dflash_loss.head_cross_entropy
-    if not fused:
-        dflash_loss.head_cross_entropy = plain_head
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = TrainConfig(data=args.store, model=args.model, out=tmp, draft_type="dflash", block_size=8,
-                              draft_layers=1, num_anchors=256, optimizer="muon", weight_decay=0.1, grad_clip=1.0,
-                              warmup_ratio=0.01, max_tokens=1024, max_length=512, max_steps=args.steps,
-                              epochs=1000, val_fraction=0.1, log_every=1, save_every=10 ** 9, eval_every=0, seed=2)
-            return [h for h in train(cfg, quiet=True).history if "cpu_s" in h]
-    finally:
-        dflash_loss.head_cross_entropy = default
+    return dflash_loss.plain_head_cross_entropy(head, h, labels)[1:]
 
 
 def whole_steps(args) -> None:
     runs = {True: [], False: []}
     for _ in range(args.runs):
         for fused in (False, True):
-            runs[fused].append(train_steps(args, fused))
+            swap = None if fused else (dflash_loss, "head_cross_entropy", plain_head)
+            runs[fused].append(dflash_steps(args.store, args.model, args.steps, swap=swap))
     cpu = {f: statistics.median(h["cpu_s"] for r in rs for h in r[1:]) for f, rs in runs.items()}
     print(f"\nWhole DFlash training steps ({args.runs} runs of {args.steps} steps each way, alternating; "
           f"median CPU-s of a step after each run's first):\n")

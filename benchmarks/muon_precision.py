@@ -24,28 +24,46 @@ import time
 from pathlib import Path
 
 import torch
+from train_throughput import SMOLLM2
 
 from eagle3cli.config.train_config import TrainConfig
 from eagle3cli.core.hardware import cpu_class
 from eagle3cli.train import optim
-from eagle3cli.train.trainer import train
+from eagle3cli.train.trainer import Trainer, train
 
-SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def draft_matrices(args) -> list[torch.Size]:
-    """The shapes Muon orthogonalises each step: one step of a 1-step run builds the very draft."""
-    with tempfile.TemporaryDirectory() as tmp:
-        draft = train(config(args, Path(tmp), 1), quiet=True).draft
-    return [p.shape for n, p in draft.named_parameters() if p.requires_grad and optim.muon_weight(n, p)]
-
-
-def config(args, out: Path, steps: int) -> TrainConfig:
-    return TrainConfig(data=args.store, model=args.model, out=str(out), draft_type="dflash", block_size=8,
-                       draft_layers=args.draft_layers, num_anchors=256, optimizer="muon", weight_decay=0.1,
+def config(store: str, model: str, out: Path, steps: int, draft_layers: int = 1) -> TrainConfig:
+    """A DFlash run of blocks of 8 on the peer's recipe at 256 anchors, as benchmarks/peer_dflash.py trains it."""
+    return TrainConfig(data=store, model=model, out=str(out), draft_type="dflash", block_size=8,
+                       draft_layers=draft_layers, num_anchors=256, optimizer="muon", weight_decay=0.1,
                        grad_clip=1.0, warmup_ratio=0.01, max_tokens=1024, max_length=512, max_steps=steps,
                        epochs=1000, val_fraction=0.1, log_every=1, save_every=10 ** 9, eval_every=0, seed=2)
+
+
+def dflash_steps(store: str, model: str, steps: int, draft_layers: int = 1, swap=None) -> list[dict]:
+    """The step records of a short ``config`` run; ``swap`` = (module, name, value) replaces that
+    attribute for the run (the other arm of a comparison)."""
+    if swap is not None:
+        module, name, value = swap
+        default = getattr(module, name)
+        setattr(module, name, value)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return [h for h in train(config(store, model, Path(tmp), steps, draft_layers), quiet=True).history
+                    if "cpu_s" in h]
+    finally:
+        if swap is not None:
+            setattr(module, name, default)
+
+
+def draft_matrices(args) -> list[torch.Size]:
+    """The shapes Muon orthogonalises each step, read off the very draft the trainer sets up."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Trainer(config(args.store, args.model, Path(tmp), 1, args.draft_layers), quiet=True)
+        t.setup()
+    return [p.shape for n, p in t.draft.named_parameters() if p.requires_grad and optim.muon_weight(n, p)]
 
 
 def time_iteration(shapes, reps: int) -> dict[str, float]:
@@ -59,17 +77,6 @@ def time_iteration(shapes, reps: int) -> dict[str, float]:
                 optim.orthogonalise(g, coef, 5, 1e-7, dtype)
             times[name].append(time.process_time() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
-
-
-def train_steps(args, dtype: torch.dtype) -> list[dict]:
-    default = optim.newton_schulz_dtype
-    optim.newton_schulz_dtype = lambda device: dtype
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            res = train(config(args, Path(tmp), args.steps), quiet=True)
-    finally:
-        optim.newton_schulz_dtype = default
-    return [h for h in res.history if "cpu_s" in h]
 
 
 def main():
@@ -89,7 +96,9 @@ def main():
     print(f"  bf16 {it['bf16']:.3f}   fp32 {it['fp32']:.3f}   bf16 / fp32 {it['bf16'] / it['fp32']:.2f}x")
     if not args.steps:
         return
-    runs = {name: train_steps(args, dtype) for name, dtype in DTYPES.items()}
+    runs = {name: dflash_steps(args.store, args.model, args.steps, args.draft_layers,
+                               (optim, "newton_schulz_dtype", lambda device, d=dtype: d))
+            for name, dtype in DTYPES.items()}
     print("\nDFlash training steps (peer recipe, 256 anchors, 1,024 tokens a step), CPU-s per step:")
     print("| step | bf16 CPU-s | fp32 CPU-s | bf16 loss | fp32 loss |")
     print("|---|---|---|---|---|")

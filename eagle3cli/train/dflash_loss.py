@@ -201,14 +201,20 @@ def head_chunk(vocab_size: int) -> int:
     return min(1024, max(64, 1 << (rows.bit_length() - 1)))
 
 
+def plain_head_cross_entropy(head: nn.Linear, h: torch.Tensor, labels: torch.Tensor):
+    """(the whole logits, per-row CE against ``labels``, each row's argmax): the path soft labels
+    need, and the one ``HeadCrossEntropy`` is held equal to."""
+    logits = head(h.to(head.weight.dtype)).float()
+    return logits, F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+
+
 def head_cross_entropy(head: nn.Linear, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-row CE of ``head``'s logits against ``labels``, each row's argmax), through
     ``HeadCrossEntropy`` where the head is frozen and has no bias (a DFlash draft's always is)."""
-    x = h.to(head.weight.dtype)
     if head.weight.requires_grad or head.bias is not None:
-        logits = head(x).float()
-        return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
-    return HeadCrossEntropy.apply(x, head.weight, labels, torch.is_grad_enabled(), head_chunk(head.weight.shape[0]))
+        return plain_head_cross_entropy(head, h, labels)[1:]
+    return HeadCrossEntropy.apply(h.to(head.weight.dtype), head.weight, labels, torch.is_grad_enabled(),
+                                  head_chunk(head.weight.shape[0]))
 
 
 class DFlashLoss(nn.Module):
@@ -232,8 +238,7 @@ class DFlashLoss(nn.Module):
         states = self.draft.block_states(aux, input_ids, anchors)[:, :, 1:]  # rows 1..B-1 draft the tokens
         h = self.draft.norm(states[valid])
         if probs is not None and self.soft > 0:  # the target's whole distributions: the logits are needed
-            logits = self.draft.lm_head(h.to(self.draft.lm_head.weight.dtype)).float()
-            ce, pred = F.cross_entropy(logits, labels[valid], reduction="none"), logits.argmax(-1)
+            logits, ce, pred = plain_head_cross_entropy(self.draft.lm_head, h, labels[valid])
             soft = soft_cross_entropy(logits, probs[rows[valid]])
             ce_loss = soft if self.soft == 1 else (1 - self.soft) * ce + self.soft * soft
         else:

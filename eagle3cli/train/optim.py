@@ -103,9 +103,8 @@ class MuonAdamW(torch.optim.Optimizer):
     """Muon for ``muon`` parameters and AdamW for ``adamw`` ones, as one optimizer: param_groups
     are the two optimizers' own group dicts (a scheduler's lr reaches both), state_dict holds both."""
 
-    def __init__(self, muon: list[nn.Parameter], adamw: list[nn.Parameter], lr: float, weight_decay: float,
-                 ns_dtype: torch.dtype | None = None):
-        self.muon = Muon(muon, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype)
+    def __init__(self, muon: list[nn.Parameter], adamw: list[nn.Parameter], lr: float, weight_decay: float):
+        self.muon = Muon(muon, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW(adamw, lr=lr, betas=BETAS, weight_decay=weight_decay) if adamw else None
         parts = [self.muon] + ([self.adamw] if self.adamw else [])
         super().__init__([p for opt in parts for g in opt.param_groups for p in g["params"]], {"lr": lr})
