@@ -184,7 +184,8 @@ class TrainConfig(TargetOptions):
                                     "linear (the default: ahead of cosine at 40 and at 600 steps), cosine, or constant "
                                     "(no decay).", choices=LR_SCHEDULES)
     min_lr_ratio: float = _f(0.0, "Final learning rate as a share of --lr.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    weight_decay: float = _f(0.0, "Decoupled weight decay of the matrices (AdamW's and Muon's); norms and "
+                                    "other 1-D weights are never decayed.")
     grad_clip: float = _f(0.5, "Gradient norm clip.")
     max_tokens: int = _f(8192, "Token budget of one micro-batch (padded tokens, per process).")
     grad_accum: int = _f(1, "Micro-batches per optimizer step.")

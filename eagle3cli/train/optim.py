@@ -6,6 +6,11 @@
             matrices; its authors keep embeddings and output heads on AdamW), the norms and any
             1-D weight
 
+--weight-decay decays the matrices only: a norm's gain is a scale, not a feature, and decaying it
+toward 0 pulls every gain down at lr x wd a step (a tenth of AdamW's own step at wd 0.1), against a
+gradient that is weak while a draft is young. nanoGPT and the transformers Trainer leave norms
+and biases undecayed alike.
+
 Muon's update is scaled with ``adjust_lr_fn="match_rms_adamw"`` (0.2 sqrt(max(A, B)) x lr, the
 Moonshot scaling, which makes the update's RMS match AdamW's), so one --lr serves both halves.
 ``MuonAdamW`` is one ``torch.optim.Optimizer`` over both, so the LR scheduler, gradient clipping,
@@ -99,13 +104,24 @@ class Muon(torch.optim.Muon):
         return loss
 
 
+def decay_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups: the matrices decayed, the 1-D weights (norms, biases) not. Without
+    decay, one group, as optimizers saved before this split had, so their checkpoints resume."""
+    if not weight_decay:
+        return [{"params": params}]
+    groups = ({"params": [p for p in params if p.ndim >= 2]},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0})
+    return [g for g in groups if g["params"]]
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for ``muon`` parameters and AdamW for ``adamw`` ones, as one optimizer: param_groups
     are the two optimizers' own group dicts (a scheduler's lr reaches both), state_dict holds both."""
 
     def __init__(self, muon: list[nn.Parameter], adamw: list[nn.Parameter], lr: float, weight_decay: float):
         self.muon = Muon(muon, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
-        self.adamw = torch.optim.AdamW(adamw, lr=lr, betas=BETAS, weight_decay=weight_decay) if adamw else None
+        self.adamw = torch.optim.AdamW(decay_groups(adamw, weight_decay), lr=lr, betas=BETAS,
+                                       weight_decay=weight_decay) if adamw else None
         parts = [self.muon] + ([self.adamw] if self.adamw else [])
         super().__init__([p for opt in parts for g in opt.param_groups for p in g["params"]], {"lr": lr})
         self.param_groups = [g for opt in parts for g in opt.param_groups]
@@ -138,7 +154,8 @@ def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, 
         muon = [p for n, p in named if muon_weight(n, p)]
         if muon:
             return MuonAdamW(muon, [p for n, p in named if not muon_weight(n, p)], lr, weight_decay)
-    return torch.optim.AdamW([p for _, p in named], lr=lr, betas=BETAS, weight_decay=weight_decay)
+    return torch.optim.AdamW(decay_groups([p for _, p in named], weight_decay), lr=lr, betas=BETAS,
+                             weight_decay=weight_decay)
 
 
 def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float, shape: str = "linear"):

@@ -81,3 +81,25 @@ def test_the_iteration_is_bf16_where_it_is_native_and_fp32_on_other_cpus(monkeyp
     run(Muon, auto, 2, seed=1)
     run(Muon, fp32, 2, seed=1, ns_dtype=torch.float32)
     assert all(torch.equal(x, y) for x, y in zip(auto, fp32))
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_weight_decay_shrinks_the_matrices_and_leaves_the_norms(kind):
+    # zero gradients: AdamW's and Muon's own updates are 0, so a step is the decay alone
+    fc = torch.nn.Parameter(torch.full((8, 6), 0.5))
+    head = torch.nn.Parameter(torch.full((10, 8), 0.5))  # 2-D but on AdamW under muon: decayed too
+    gain, bias = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.full((8,), 0.25))
+    named = [("layers.0.fc.weight", fc), ("lm_head.weight", head), ("norm.weight", gain), ("fc.bias", bias)]
+    opt = optim.make_optimizer(kind, named, 1e-2, 0.1)
+    for _, p in named:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert torch.equal(fc.detach(), torch.full((8, 6), 0.5 * (1 - 1e-3)))
+    assert torch.equal(head.detach(), torch.full((10, 8), 0.5 * (1 - 1e-3)))
+    assert torch.equal(gain.detach(), torch.ones(8)) and torch.equal(bias.detach(), torch.full((8,), 0.25))
+
+
+def test_without_decay_adamw_keeps_one_group_so_older_checkpoints_resume():
+    named = [("fc.weight", torch.nn.Parameter(torch.ones(4, 4))), ("norm.weight", torch.nn.Parameter(torch.ones(4)))]
+    assert len(optim.make_optimizer("adamw", named, 1e-3, 0.0).param_groups) == 1
+    assert [g["weight_decay"] for g in optim.make_optimizer("adamw", named, 1e-3, 0.1).param_groups] == [0.1, 0.0]
