@@ -38,7 +38,7 @@ META_KEYS = {"description"}  # recipe keys that are not settings
 # Numbers that would only show up as a NaN loss (or an overflow) many steps later.
 FLOAT_SETTINGS = ("lr", "init_std", "step_decay", "grad_clip", "warmup_ratio", "min_lr_ratio", "weight_decay",
                   "vocab_coverage", "val_fraction", "feature_noise", "accept_loss", "max_minutes", "loss_gamma",
-                  "dpace_alpha", "soft_labels")
+                  "dpace_alpha", "soft_labels", "adam_beta2")
 MIXED_PRECISION = ("auto", "bf16", "no")
 LOSS_ON = ("answers", "all")
 AT_LEAST_ONE = ("ttt_steps", "max_tokens", "grad_accum", "epochs", "max_length", "keep_checkpoints", "eval_samples",
@@ -179,6 +179,9 @@ class TrainConfig(TargetOptions):
                                  "iteration runs in fp32 where the CPU has no native bf16 (30x faster there than "
                                  "torch's bf16).",
                         choices=OPTIMIZERS)
+    adam_beta2: float = _f(0.95, "AdamW's second-moment decay (beta2; beta1 is 0.9), with --optimizer muon "
+                                 "for the weights AdamW keeps. 0.95 follows the gradient's scale within about 20 "
+                                 "steps; torch's default, 0.999, within about 1,000.")
     warmup_ratio: float = _f(0.02, "Share of steps spent warming up linearly; --lr-schedule after.")
     lr_schedule: str = _f("linear", "Decay after the warm-up, from --lr to --min-lr-ratio x --lr at the last step: "
                                     "linear (the default: ahead of cosine at 40 and at 600 steps), cosine, or constant "
@@ -241,6 +244,8 @@ class TrainConfig(TargetOptions):
         for name in FLOAT_SETTINGS:
             if not math.isfinite(getattr(self, name)):
                 raise TrainError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+        if not 0 <= self.adam_beta2 < 1:
+            raise TrainError(f"--adam-beta2 must lie in [0, 1) (0.95 or 0.999 are usual), got {self.adam_beta2:g}")
         if not 0 < self.lr <= 1:
             raise TrainError(f"--lr must lie in (0, 1] (EAGLE-3 drafts train at 1e-4 to 1e-3), got {self.lr:g}")
         for name in AT_LEAST_ONE:

@@ -118,9 +118,10 @@ class MuonAdamW(torch.optim.Optimizer):
     """Muon for ``muon`` parameters and AdamW for ``adamw`` ones, as one optimizer: param_groups
     are the two optimizers' own group dicts (a scheduler's lr reaches both), state_dict holds both."""
 
-    def __init__(self, muon: list[nn.Parameter], adamw: list[nn.Parameter], lr: float, weight_decay: float):
+    def __init__(self, muon: list[nn.Parameter], adamw: list[nn.Parameter], lr: float, weight_decay: float,
+                 betas: tuple[float, float] = BETAS):
         self.muon = Muon(muon, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
-        self.adamw = torch.optim.AdamW(decay_groups(adamw, weight_decay), lr=lr, betas=BETAS,
+        self.adamw = torch.optim.AdamW(decay_groups(adamw, weight_decay), lr=lr, betas=betas,
                                        weight_decay=weight_decay) if adamw else None
         parts = [self.muon] + ([self.adamw] if self.adamw else [])
         super().__init__([p for opt in parts for g in opt.param_groups for p in g["params"]], {"lr": lr})
@@ -148,13 +149,14 @@ class MuonAdamW(torch.optim.Optimizer):
             opt.load_state_dict(state[f"part{i}"])
 
 
-def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float):
+def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float,
+                   betas: tuple[float, float] = BETAS):
     """The optimizer of --optimizer ``kind`` over the (name, parameter) pairs that require grad."""
     if kind == "muon":
         muon = [p for n, p in named if muon_weight(n, p)]
         if muon:
-            return MuonAdamW(muon, [p for n, p in named if not muon_weight(n, p)], lr, weight_decay)
-    return torch.optim.AdamW(decay_groups([p for _, p in named], weight_decay), lr=lr, betas=BETAS,
+            return MuonAdamW(muon, [p for n, p in named if not muon_weight(n, p)], lr, weight_decay, betas)
+    return torch.optim.AdamW(decay_groups([p for _, p in named], weight_decay), lr=lr, betas=betas,
                              weight_decay=weight_decay)
 
 

@@ -395,7 +395,7 @@ def end_token_ids(t: "Trainer") -> list[int]:
 def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
     """(trainable parameters, --optimizer over them, the warm-up + --lr-schedule LR schedule)."""
     named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay)
+    optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay, (0.9, cfg.adam_beta2))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio, cfg.lr_schedule))
     return [p for _, p in named], optimizer, schedule

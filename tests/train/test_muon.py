@@ -103,3 +103,12 @@ def test_without_decay_adamw_keeps_one_group_so_older_checkpoints_resume():
     named = [("fc.weight", torch.nn.Parameter(torch.ones(4, 4))), ("norm.weight", torch.nn.Parameter(torch.ones(4)))]
     assert len(optim.make_optimizer("adamw", named, 1e-3, 0.0).param_groups) == 1
     assert [g["weight_decay"] for g in optim.make_optimizer("adamw", named, 1e-3, 0.1).param_groups] == [0.1, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_adam_beta2_reaches_adamw(kind):
+    named = [("fc.weight", torch.nn.Parameter(torch.ones(4, 4))), ("norm.weight", torch.nn.Parameter(torch.ones(4)))]
+    opt = optim.make_optimizer(kind, named, 1e-3, 0.0, (0.9, 0.999))
+    adamw = [g for g in opt.param_groups if "betas" in g]
+    assert adamw and all(g["betas"] == (0.9, 0.999) for g in adamw)
+    assert [g["betas"] for g in optim.make_optimizer(kind, named, 1e-3, 0.0).param_groups if "betas" in g][0] == (0.9, 0.95)
