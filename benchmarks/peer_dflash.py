@@ -3,6 +3,7 @@
     bash benchmarks/setup_peers.sh                      # the peers' venv (~/venvs/peers, CPU torch)
     python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --steps 40 --seeds 0
     python benchmarks/peer_dflash.py --store runs/sg400b --steps 80 --runs "eagle3_a256;eagle3_muon=--optimizer muon"
+    python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --seeds 2 --grad-check
 
 A run already scored (its json in --work) is reused, so tables grow run by run; ``--num-anchors
 100000`` rescores the runs named on a block at every held-out answer position (kept in each json
@@ -88,6 +89,7 @@ HERE = Path(__file__).resolve().parent
 SMOLLM2 = Path("~/.cache/eagle3/models/SmolLM2-135M-Instruct").expanduser()
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")
 DRAFT_FILE = "model.safetensors"
+GRAD_SAMPLES = 2  # conversations in --grad-check's pack: one 1,024-token step
 SCORE_ANCHORS = 64  # the scorer's held-out blocks per conversation, unless --num-anchors says otherwise
 FROZEN = ("embed_tokens.", "lm_head.", "verifier_lm_head.", "verifier_norm.", "t2d", "d2t")
 
@@ -196,10 +198,38 @@ def run_speculators(a) -> dict:
     return {"steps": trainer.global_step, "tokens": loader.tokens, "wall_s": wall, "cpu_s": cpu, "lrs": lrs}
 
 
+def peer_gradient(a) -> None:
+    """speculators' loss and gradient at its initial draw for one pack of the split's first
+    GRAD_SAMPLES conversations, its anchors fixed to those in ``anchors.pt`` (each conversation's
+    own positions): one step's raw material, before clipping and the optimizer."""
+    from speculators.models.dflash import core as dcore
+    from speculators.models.dflash.core import DFlashDraftModel
+
+    samples, meta = load_split(Path(a.split))
+    model, _ = peer_model(a, meta)
+    parts = samples[:GRAD_SAMPLES]
+    lens = [int(p["input_ids"].numel()) for p in parts]
+    per_doc = torch.load(Path(a.out) / "anchors.pt")
+    anchors = torch.cat([torch.tensor(x) + sum(lens[:j]) for j, x in enumerate(per_doc)])
+    dcore.select_anchors = lambda loss_mask, num, block: (anchors, torch.ones_like(anchors, dtype=torch.bool))
+    cat = lambda key, dtype: torch.cat([p[key].to(dtype) for p in parts])[None]  # noqa: E731
+    kw, _ = DFlashDraftModel.get_trainer_kwargs(
+        loss_fn="ce", loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=len(anchors),
+        per_position_loss_weight="dpace", dpace_alpha=0.5)
+    _, loss, _ = model(cat("aux", torch.float32), cat("input_ids", torch.long), cat("loss_mask", torch.long),
+                       cat("final", torch.float32), torch.cat([torch.full((n,), j) for j, n in enumerate(lens)])[None],
+                       position_ids=torch.cat([torch.arange(n) for n in lens])[None], **kw)
+    loss.backward()
+    torch.save({"loss": float(loss), "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}},
+               Path(a.out) / "grad.pt")
+
+
 def worker(a) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    if a.grad_check:
+        return peer_gradient(a)
     if a.init_only:  # the weights run_speculators starts from at this seed: nothing draws from torch's RNG first
         model, _ = peer_model(a, json.loads((Path(a.split) / "meta.json").read_text()))
         return save_peer_weights(model, Path(a.out))
@@ -279,6 +309,53 @@ def export_split(t, out: Path, args) -> None:
     (out / "meta.json").write_text(json.dumps({
         "samples": len(t.train_idx), "model": args.model, "layers": list(t.layer_ids),
         "mask_token_id": int(t.draft.config.mask_token_id), "val_samples": len(t.val_idx)}))
+
+
+def grad_check(t, seed: int, args, work: Path, split: Path, per_doc: int = 30) -> None:
+    """Both tools' loss gradient for one step's input, from one set of weights (the peer's initial draw
+    at ``seed``): the split's first GRAD_SAMPLES conversations, ``per_doc`` anchors each among the
+    positions whose block lies inside an answer (where both tools' anchor rules agree). Prints each
+    tensor's cosine and norm ratio; the ratio should be the divisors' (the peer's label count over
+    our position weights' sum) on every tensor."""
+    from eagle3cli.train import dflash_loss
+    from eagle3cli.train.batching import collate
+    from eagle3cli.train.families import select_streams
+
+    init = peer_init(t, seed, args, work, split) / DRAFT_FILE
+    b = collate(t.store, [t.train_idx[j] for j in range(GRAD_SAMPLES)], args.max_length, True)
+    aux = select_streams(b["aux"], t.columns, b["final"].shape[-1]).float()
+    mask, lengths, blk = b["loss_mask"].bool(), b["attention_mask"].sum(1), args.block_size
+    gen = torch.Generator().manual_seed(seed)
+    oks = [[a for a in range(1, int(lengths[r]) - blk) if bool(mask[r, a:a + blk].all())] for r in range(GRAD_SAMPLES)]
+    per_doc = min(per_doc, *map(len, oks))
+    chosen = [sorted(ok[i] for i in torch.randperm(len(ok), generator=gen)[:per_doc].tolist()) for ok in oks]
+    out = work / f"grad_check_s{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(chosen, out / "anchors.pt")
+    if sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--grad-check", "--split", str(split),
+           "--out", str(out), "--block-size", str(blk), "--draft-layers", str(args.draft_layers), "--seed",
+           str(seed)], out / "peer.log"):
+        raise SystemExit(f"speculators' gradient failed: see {out / 'peer.log'}")
+    anchors = torch.tensor(chosen)
+    real = torch.ones_like(anchors, dtype=torch.bool)
+    used = dflash_loss.needed_positions(mask, lengths, anchors, real, blk)
+    labels = dflash_loss.block_labels(dflash_loss.target_argmax(t.head, b["final"].float(), used), mask, lengths,
+                                      anchors, real, blk)
+    draft = with_weights(t.draft, init).train()
+    for n, p in draft.named_parameters():
+        p.requires_grad_(not n.startswith(FROZEN))
+    out_loss = dflash_loss.DFlashLoss(draft, None, 0.5)(b["input_ids"], aux, anchors, labels).loss
+    out_loss.backward()
+    loss = out_loss.item()
+    peer = torch.load(out / "grad.pt")
+    print(f"seed {seed}: one step's input, {GRAD_SAMPLES} conversations x {per_doc} blocks of {blk}; loss ours "
+          f"{loss:.4f}, peer {peer['loss']:.4f} (ratio {loss / peer['loss']:.4f})")
+    print("| tensor | cosine | norm ours / peer |\n|---|---|---|")
+    for n, p in draft.named_parameters():
+        if p.grad is not None:
+            q = peer["grads"][n]
+            cos = float(torch.nn.functional.cosine_similarity(p.grad.flatten().double(), q.flatten().double(), dim=0))
+            print(f"| {n} | {cos:.6f} | {float(p.grad.norm() / q.norm()):.4f} |")
 
 
 def last_checkpoint(out: Path) -> Path | None:
@@ -499,6 +576,9 @@ def main():
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--init-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--grad-check", action="store_true",
+                    help="train nothing: compare both tools' loss gradient on one step's input from one set of "
+                         "weights (the peer's initial draw at each seed), tensor by tensor")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -512,6 +592,9 @@ def main():
         split = work / f"split_s{seed}"
         if not (split / "meta.json").exists():
             export_split(t, split, args)
+        if args.grad_check:
+            grad_check(t, seed, args, work, split)
+            continue
         for spec in split_runs(args.runs):
             run, _, flags = spec.partition("=")
             name = run_name(run, seed, args)
@@ -558,6 +641,8 @@ def main():
             rows.append((run, seed, res))
             print(f"{name}: acc {[round(x, 4) for x in res['acc']]}, tau_sim {res['tau_sim']:.3f}, "
                   f"cpu {res['cpu_s']:.0f} s", flush=True)
+    if args.grad_check:
+        return
     k = args.block_size - 1
     print(f"\n{args.steps} steps x {args.tokens} tokens, block {args.block_size}, {args.draft_layers} draft layer(s), "
           f"streams {list(t.layer_ids)}, MASK {t.draft.config.mask_token_id}, one thread; held-out: "
