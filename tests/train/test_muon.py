@@ -111,4 +111,5 @@ def test_adam_beta2_reaches_adamw(kind):
     opt = optim.make_optimizer(kind, named, 1e-3, 0.0, (0.9, 0.999))
     adamw = [g for g in opt.param_groups if "betas" in g]
     assert adamw and all(g["betas"] == (0.9, 0.999) for g in adamw)
-    assert [g["betas"] for g in optim.make_optimizer(kind, named, 1e-3, 0.0).param_groups if "betas" in g][0] == (0.9, 0.95)
+    default = optim.make_optimizer(kind, named, 1e-3, 0.0).param_groups
+    assert [g["betas"] for g in default if "betas" in g][0] == (0.9, 0.95)
