@@ -1,6 +1,6 @@
 """The trainer's optimizer (--optimizer adamw|muon).
 
-    adamw   AdamW over every trainable weight, betas (0.9, 0.95)
+    adamw   AdamW over every trainable weight, betas (0.9, --adam-beta2: 0.95 by default)
     muon    Muon (torch's, below) over the 2-D weights inside the draft (fc, q/k/v/o, gate/up/down),
             AdamW over the rest: the LM head (Muon's orthogonalised update is meant for hidden
             matrices; its authors keep embeddings and output heads on AdamW), the norms and any

@@ -51,7 +51,7 @@ from .checkpoints import checkpoint_dirs, save_checkpoint, start_state
 from .families import family_setup, select_streams
 from .memory import fix_host_memory, use_recompute
 from .noise import noise_seed, with_noise
-from .optim import lr_lambda, make_optimizer
+from .optim import BETAS, lr_lambda, make_optimizer
 from .precision import accelerator
 from .setup import (
     as_list,
@@ -395,7 +395,7 @@ def end_token_ids(t: "Trainer") -> list[int]:
 def optimizer_and_schedule(cfg: TrainConfig, ttt: nn.Module, total_steps: int):
     """(trainable parameters, --optimizer over them, the warm-up + --lr-schedule LR schedule)."""
     named = [(n, p) for n, p in ttt.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay, (0.9, cfg.adam_beta2))
+    optimizer = make_optimizer(cfg.optimizer, named, cfg.lr, cfg.weight_decay, (BETAS[0], cfg.adam_beta2))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio, cfg.lr_schedule))
     return [p for _, p in named], optimizer, schedule
