@@ -125,8 +125,15 @@ class MuonAdamW(torch.optim.Optimizer):
                                        weight_decay=weight_decay) if adamw else None
         parts = [self.muon] + ([self.adamw] if self.adamw else [])
         super().__init__([p for opt in parts for g in opt.param_groups for p in g["params"]], {"lr": lr})
-        self.param_groups = [g for opt in parts for g in opt.param_groups]
         self.parts = parts
+        self._link()
+
+    def _link(self):
+        """param_groups as the parts' own group dicts, so an LR scheduler's writes reach both. A part's
+        load_state_dict replaces its dicts with new ones (accelerate's prepare reloads every optimizer
+        to place its state, --resume loads a checkpoint's), so each load links them again: a stale
+        link leaves the parts at the initial lr while the scheduler reports its schedule."""
+        self.param_groups = [g for opt in self.parts for g in opt.param_groups]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -147,6 +154,7 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"not a Muon+AdamW optimizer state (keys {sorted(state)})")
         for i, opt in enumerate(self.parts):
             opt.load_state_dict(state[f"part{i}"])
+        self._link()
 
 
 def make_optimizer(kind: str, named: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float,

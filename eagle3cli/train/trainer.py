@@ -408,7 +408,8 @@ def step_budget(t: Trainer) -> StepBudget:
 
     def apply(steps: int, why: str):
         t.total_steps = steps
-        t.scheduler.lr_lambdas[0] = lr_lambda(steps, t.cfg.warmup_ratio, t.cfg.min_lr_ratio, t.cfg.lr_schedule)
+        f = lr_lambda(steps, t.cfg.warmup_ratio, t.cfg.min_lr_ratio, t.cfg.lr_schedule)
+        t.scheduler.lr_lambdas = [f] * len(t.scheduler.lr_lambdas)  # one per group: Muon's, AdamW's decayed and not
         t.view.set_total(steps)
         t.view.note(why)  # (the view prints only on the main process, and not when quiet)
 

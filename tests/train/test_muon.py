@@ -113,3 +113,51 @@ def test_adam_beta2_reaches_adamw(kind):
     assert adamw and all(g["betas"] == (0.9, 0.999) for g in adamw)
     default = optim.make_optimizer(kind, named, 1e-3, 0.0).param_groups
     assert [g["betas"] for g in default if "betas" in g][0] == (0.9, 0.95)
+
+
+def inner_groups(opt) -> list[dict]:
+    """The group dicts the optimizers that step the weights read their lr from."""
+    return [g for part in getattr(opt, "parts", [opt]) for g in part.param_groups]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_the_lr_schedule_reaches_every_weight_through_accelerate_and_a_resume(kind):
+    # accelerate's prepare reloads the optimizer's state to place it (a resume loads a checkpoint's),
+    # and a load gives each torch optimizer new group dicts: the scheduler must still reach them
+    from accelerate import Accelerator
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8))
+    opt = optim.make_optimizer(kind, list(model.named_parameters()), 1e-3, 0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, optim.lr_lambda(10, 0.0, 0.0, "linear"))
+    model, prepared = Accelerator(cpu=True).prepare(model, opt)
+    for step in range(1, 4):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        prepared.step()
+        schedule.step()
+        assert [g["lr"] for g in inner_groups(opt)] == pytest.approx([1e-3 * (1 - step / 10)] * len(inner_groups(opt)))
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    schedule.step()
+    assert [g["lr"] for g in inner_groups(opt)] == pytest.approx([6e-4] * len(inner_groups(opt)))
+    assert len(inner_groups(opt)) == 2  # muon: Muon's matrix, AdamW's 1-D weights; adamw: decayed, undecayed
+
+
+def test_a_time_budget_refit_reschedules_every_group():
+    # --max-minutes makes a new step count the run's: Muon's and AdamW's groups both follow it
+    from types import SimpleNamespace
+
+    from eagle3cli.train.trainer import step_budget
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8))
+    opt = optim.make_optimizer("muon", list(model.named_parameters()), 1e-3, 0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, optim.lr_lambda(100, 0.0, 0.0, "linear"))
+    cfg = SimpleNamespace(max_minutes=5.0, warmup_ratio=0.0, min_lr_ratio=0.0, lr_schedule="linear", ttt_warmup=0,
+                          max_tokens=64, seed=0)
+    t = SimpleNamespace(cfg=cfg, val_idx=[], total_steps=100, scheduler=schedule, started=0.0,
+                        view=SimpleNamespace(set_total=lambda n: None, note=lambda why: None),
+                        acc=SimpleNamespace(num_processes=1))
+    step_budget(t).apply(10, "the time allows 10 steps")
+    opt.step()  # no gradients: nothing moves, and the scheduler's step follows an optimizer's as torch expects
+    schedule.step()
+    assert t.total_steps == 10
+    assert [g["lr"] for g in inner_groups(opt)] == pytest.approx([9e-4, 9e-4])
