@@ -91,6 +91,7 @@ EAGLE3 = str(Path(sys.executable).parent / "eagle3")
 DRAFT_FILE = "model.safetensors"
 GRAD_SAMPLES = 2  # conversations in --grad-check's pack: one 1,024-token step
 SCORE_ANCHORS = 64  # the scorer's held-out blocks per conversation, unless --num-anchors says otherwise
+PACKS_FILE = "packs.json"  # the steps a peer's run took (Tape), for dflash_replay.py
 FROZEN = ("embed_tokens.", "lm_head.", "verifier_lm_head.", "verifier_norm.", "t2d", "d2t")
 
 
@@ -133,6 +134,58 @@ def fp32_newton_schulz() -> None:
         muon._zeropower_via_newtonschulz = lambda g, coef, steps, eps: orthogonalise(g, coef, steps, eps, dtype)
 
 
+class Tape:
+    """What speculators' loop hands each step: the split's conversations in its pack (in order, the
+    last one cut where the pack is full) and the anchors its ``select_anchors`` drew (positions in
+    the pack). ``dflash_replay.py`` trains eagle3 on exactly these steps."""
+
+    def __init__(self, dataset_cls, dcore):
+        self.steps: list[dict] = []
+        self.fetched: list[int] = []
+        self.record = True
+        tape = self
+
+        class Dataset(dataset_cls):
+            def _get_raw_data(self, i):
+                tape.fetched.append(int(i))
+                return super()._get_raw_data(i)
+
+        self.Dataset = Dataset
+        draw = dcore.select_anchors
+
+        def select_anchors(loss_mask, num, block):
+            anchors, valid = draw(loss_mask, num, block)
+            if self.record and self.steps and "anchors" not in self.steps[-1]:
+                self.steps[-1]["anchors"] = anchors[valid].tolist()
+            return anchors, valid
+
+        self.select_anchors = dcore.select_anchors = select_anchors
+
+    def pack(self, batch) -> None:
+        ids = batch["document_ids"][0]
+        lens = torch.bincount(ids[ids >= 0]).tolist()
+        if self.record:
+            self.steps.append({"docs": self.fetched[:len(lens)], "lens": lens})
+        self.fetched = []
+
+    def dry_run(self, loader, a) -> dict:
+        """The steps a training run at this seed takes, drawn without training: the loop's only other
+        draws from torch's RNG are the loader's (one a pass) and select_anchors' (one a step)."""
+        epoch = 0
+        while len(self.steps) < a.steps:
+            loader.batch_sampler.set_epoch(epoch)
+            for batch in loader:
+                self.select_anchors(batch["loss_mask"], a.peer_anchors, a.block_size)
+                if len(self.steps) >= a.steps:
+                    break
+            epoch += 1
+        self.save(Path(a.out) / PACKS_FILE, a.steps)
+        return {"steps": len(self.steps), "tokens": loader.tokens}
+
+    def save(self, path: Path, steps: int) -> None:
+        path.write_text(json.dumps(self.steps[:steps]))
+
+
 def run_speculators(a) -> dict:
     """speculators' DFlash draft trained by its Trainer on the exported split (two device stubs, as
     benchmarks/peer_trainers.py drives its EAGLE-3 trainer on a CPU)."""
@@ -151,7 +204,8 @@ def run_speculators(a) -> dict:
     train_kw, _ = DFlashDraftModel.get_trainer_kwargs(
         loss_fn=a.peer_loss, loss_implementation="eager", dflash_decay_gamma=4.0, max_anchors=a.peer_anchors,
         per_position_loss_weight="dpace", dpace_alpha=0.5)
-    ds = StoreDataset(max_len=a.tokens, hidden_states_dtype=torch.float32)
+    tape = Tape(StoreDataset, dcore)
+    ds = tape.Dataset(max_len=a.tokens, hidden_states_dtype=torch.float32)
     inner = _setup_dataloader(ds, total_seq_len=a.tokens, hidden_size=tl.hidden_size, num_workers=0,
                               num_target_layers=len(meta["layers"]), preprocess=None, seed=a.seed)
 
@@ -165,14 +219,18 @@ def run_speculators(a) -> dict:
         def __iter__(self):
             for batch in inner:
                 Counted.tokens += int((batch["document_ids"] != -1).sum())
+                tape.pack(batch)
                 yield batch
 
     loader = Counted()
+    if a.record_only:  # the packs and anchors alone: the loop's draws from torch's RNG, without training
+        return tape.dry_run(loader, a)
     cfg = st.TrainerConfig(lr=a.lr, num_epochs=10 ** 6, save_path=str(Path(a.out) / "ckpt"), optimizer=a.peer_optimizer,
                            weight_decay=0.01, muon_lr=a.lr, muon_weight_decay=0.1, scheduler_type="linear",
                            train_call_kwargs=train_kw, hidden_states_dtype=torch.float32, log_freq=10 ** 9,
                            max_steps=a.steps, scheduler_total_steps=a.steps)
     trainer = st.Trainer(model, cfg, loader, None)
+    tape.record = a.record
     lrs: list[float] = []
     trainer.optimizers[0].register_step_post_hook(lambda opt, *_: lrs.append(float(opt.param_groups[0]["lr"])))
     t0, c0 = time.time(), time.process_time()
@@ -183,6 +241,8 @@ def run_speculators(a) -> dict:
     wall, cpu = time.time() - t0, time.process_time() - c0
     out = Path(a.out)
     save_peer_weights(model, out)
+    if a.record:
+        tape.save(out / PACKS_FILE, a.steps)
     # the conversion check: the peer's own logits for fixed blocks of the first sample
     s = samples[0]
     t = int(s["input_ids"].numel())
@@ -363,13 +423,16 @@ def last_checkpoint(out: Path) -> Path | None:
     return steps[-1] / DRAFT_FILE if steps else None
 
 
-def train_ours(name: str, seed: int, args, work: Path, extra: list[str]) -> dict:
+def train_ours(name: str, seed: int, args, work: Path, split: Path, extra: list[str]) -> dict:
     """`eagle3 train --draft-type dflash` at its defaults; the weights from its export, or from its
-    final checkpoint (written before the export) where the export is not there."""
+    final checkpoint (written before the export) where the export is not there. ``--replay peer`` in
+    the flags trains it on the packs and anchors of speculators' run at this seed (dflash_replay.py)."""
     out = work / name
     log = work / f"{name}.log"
     t0 = time.time()
-    rc = sh([EAGLE3, "train", "--store", args.store, "--model", args.model, "--out", str(out), "--draft-type", "dflash",
+    extra, packs = without_replay(extra, seed, args, work, split)
+    cmd = [sys.executable, str(HERE / "dflash_replay.py"), "--packs", str(packs), "--"] if packs else [EAGLE3]
+    rc = sh([*cmd, "train", "--store", args.store, "--model", args.model, "--out", str(out), "--draft-type", "dflash",
              "--block-size", str(args.block_size), "--draft-layers", str(args.draft_layers),
              "--max-tokens", str(args.tokens), "--max-steps", str(args.steps), "--epochs", "100000",
              "--val-fraction", str(args.val_fraction), "--seed", str(seed), "--max-length", str(args.max_length),
@@ -384,6 +447,38 @@ def train_ours(name: str, seed: int, args, work: Path, extra: list[str]) -> dict
             "process_wall_s": time.time() - t0, "lrs": [r["lr"] for r in steps]}
 
 
+def peer_steps(seed: int, args, work: Path, split: Path) -> Path:
+    """The packs and anchors speculators' run at ``seed`` trains on (its Tape, drawn without
+    training); checked against the run's own record where that run was made with one."""
+    name = f"peer_packs_b{args.block_size}l{args.draft_layers}_t{args.tokens}_a{args.peer_anchors}_s{seed}"
+    out = work / name
+    packs = out / PACKS_FILE
+    if not packs.exists() or len(json.loads(packs.read_text())) < args.steps:
+        rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--record-only", "--split", str(split),
+                 "--out", str(out), "--steps", str(args.steps), "--tokens", str(args.tokens), "--block-size",
+                 str(args.block_size), "--draft-layers", str(args.draft_layers), "--peer-anchors",
+                 str(args.peer_anchors), "--seed", str(seed)], work / f"{name}.log")
+        if rc:
+            raise SystemExit(f"speculators' packs failed (rc {rc}): see {work / f'{name}.log'}")
+    drawn = json.loads(packs.read_text())
+    ran = work / run_name("speculators", seed, args) / PACKS_FILE
+    if ran.exists():
+        taken = json.loads(ran.read_text())
+        if taken != drawn[:len(taken)]:
+            raise SystemExit(f"{packs} differs from the steps its run took ({ran}): the draw is not the run's")
+    return packs
+
+
+def without_replay(extra: list[str], seed: int, args, work: Path, split: Path) -> tuple[list[str], Path | None]:
+    """A run's flags less ``--replay peer``, and the recorded steps it asks for (None without it)."""
+    if "--replay" not in extra:
+        return extra, None
+    i = extra.index("--replay")
+    if extra[i + 1:i + 2] != ["peer"]:
+        raise SystemExit("--replay takes one value: peer")
+    return extra[:i] + extra[i + 2:], peer_steps(seed, args, work, split)
+
+
 def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, optimizer: str,
                loss: str = "ce") -> dict:
     out = work / name
@@ -392,7 +487,7 @@ def train_peer(name: str, seed: int, args, work: Path, split: Path, lr: float, o
     rc = sh([args.peers_python, str(Path(__file__).resolve()), "--worker", "--split", str(split), "--out", str(out),
              "--lr", str(lr), "--steps", str(args.steps), "--tokens", str(args.tokens), "--block-size",
              str(args.block_size), "--draft-layers", str(args.draft_layers), "--peer-anchors", str(args.peer_anchors),
-             "--peer-optimizer", optimizer, "--peer-loss", loss, "--seed", str(seed)], log)
+             "--peer-optimizer", optimizer, "--peer-loss", loss, "--seed", str(seed), "--record"], log)
     if rc:
         raise SystemExit(f"speculators' run failed (rc {rc}): see {log}")
     res = json.loads((out / "result.json").read_text())
@@ -576,6 +671,8 @@ def main():
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--init-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--grad-check", action="store_true",
                     help="train nothing: compare both tools' loss gradient on one step's input from one set of "
                          "weights (the peer's initial draw at each seed), tensor by tensor")
@@ -619,7 +716,7 @@ def main():
                 if run.startswith("eagle3"):
                     extra = ["--num-anchors", "256"] if run == "eagle3_a256" else shlex.split(flags)
                     extra = with_peer_init(extra, t, seed, args, work, split)
-                    res = train_ours(name, seed, args, work, extra)
+                    res = train_ours(name, seed, args, work, split, extra)
                 else:
                     opt = "adamw" if run == "speculators_adamw" else args.peer_optimizer
                     loss = "kl_div" if run == "speculators_kl" else "ce"
