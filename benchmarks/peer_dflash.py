@@ -4,6 +4,8 @@
     python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --steps 40 --seeds 0
     python benchmarks/peer_dflash.py --store runs/sg400b --steps 80 --runs "eagle3_a256;eagle3_muon=--optimizer muon"
     python benchmarks/peer_dflash.py --store runs/sg400b --work runs/peer_dflash --seeds 2 --grad-check
+    python benchmarks/peer_dflash.py --store runs/sg400b --steps 30 --seeds 2 \
+        --runs "speculators;eagle3_replay=--init-from peer --replay peer --optimizer muon ..."
 
 A run already scored (its json in --work) is reused, so tables grow run by run; ``--num-anchors
 100000`` rescores the runs named on a block at every held-out answer position (kept in each json
@@ -59,7 +61,10 @@ default for the other speculator types), the peer's counterpart of eagle3's ``--
 ``--init-from peer`` in a run's flags starts ours from the very weights the peer's run at that
 seed starts from (drawn again in its venv from the same torch seed): a common initialisation
 takes the initial draw's share out of the seed-to-seed noise, so the two trainers are compared on
-what they do with the data.
+what they do with the data. ``--replay peer`` trains ours on the very steps the peer's run at that
+seed takes (its packs and anchors, recorded by ``Tape``; benchmarks/dflash_replay.py): with
+``--init-from peer`` and the peer's optimizer recipe the two tools then run one computation, and
+their drafts may differ only by rounding.
 
 Scoring: speculators' weights carry the same tensor names as ours (fc, hidden_norm, layers.i.*,
 norm; no embedding, the target's frozen LM head); they are loaded into eagle3's DFlashDraft and
