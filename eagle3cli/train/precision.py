@@ -24,9 +24,11 @@ def mixed_precision(name: str, cpu: bool, native_bf16: bool | None = None, optim
     through a run. Without those instructions bf16 is emulated and slower than fp32.
 
     With ``--optimizer muon`` auto is fp32 on a CPU: Muon orthogonalises each gradient, which lifts
-    its smallest directions, rounding included, to the size of the largest, and under CPU bf16
-    autocast a DFlash draft learned at half the pace (held-out position-1 accuracy 0.085 against
-    0.197 in fp32 at 240 steps, docs/benchmarks.md, "DFlash against a peer's trainer")."""
+    its smallest directions, rounding included, to the size of the largest. Under CPU bf16 autocast
+    a DFlash draft reached held-out position-1 accuracy 0.085 against 0.197 in fp32 at 240 steps,
+    but those runs predate the fix of Muon's schedule and stepped at constant rates of 2e-4 and
+    5e-4 (docs/benchmarks.md, "DFlash against a peer's trainer"): fp32 stays until bf16 is measured
+    at equal rates."""
     if name != "auto":
         return name
     if not cpu:
