@@ -56,22 +56,18 @@ def pack_anchors(st: dict, rows: int, device) -> tuple[torch.Tensor, torch.Tenso
     return anchors.to(device), real.to(device), torch.tensor(st["lens"], device=device)
 
 
-def replay_inputs(steps: list[dict], original):
-    """DFlashFamily.inputs: in training steps the recorded anchors and lengths; held out, its own."""
-    from eagle3cli.train import dflash_loss
+def replay_anchors(steps: list[dict], original):
+    """DFlashFamily.draw_anchors: in training steps the recorded anchors and lengths; held out, its own."""
 
-    def inputs(self, t, ids, aux, final, mask, batch, held_out: bool, seed: int | None):
+    def draw_anchors(self, t, mask, batch, held_out: bool, seed: int | None):
         if held_out:
-            return original(self, t, ids, aux, final, mask, batch, held_out, seed)
+            return original(self, t, mask, batch, held_out, seed)
         st = steps[t.step]
-        if len(st["lens"]) != ids.shape[0]:
-            raise SystemExit(f"step {t.step}: a batch of {ids.shape[0]} rows for a pack of {len(st['lens'])}")
-        anchors, real, lengths = pack_anchors(st, ids.shape[0], ids.device)
-        used = dflash_loss.needed_positions(mask, lengths, anchors, real, self.cfg.block_size)
-        argmax = dflash_loss.target_argmax(t.head, final, used)
-        return ids, aux, anchors, dflash_loss.block_labels(argmax, mask, lengths, anchors, real, self.cfg.block_size)
+        if len(st["lens"]) != mask.shape[0]:
+            raise SystemExit(f"step {t.step}: a batch of {mask.shape[0]} rows for a pack of {len(st['lens'])}")
+        return pack_anchors(st, mask.shape[0], mask.device)
 
-    return inputs
+    return draw_anchors
 
 
 def main():
@@ -87,7 +83,7 @@ def main():
     from eagle3cli.train.trainer import Trainer
 
     Trainer.groups = replay_groups(steps)
-    DFlashFamily.inputs = replay_inputs(steps, DFlashFamily.inputs)
+    DFlashFamily.draw_anchors = replay_anchors(steps, DFlashFamily.draw_anchors)
     sys.argv = ["eagle3", *cli]
     eagle3.main()
 

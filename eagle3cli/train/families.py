@@ -159,11 +159,18 @@ class DFlashFamily:
         soft = 0.0 if held_out else self.cfg.soft_labels
         return dflash_loss.DFlashLoss(draft, self.cfg.loss_gamma or None, alpha, soft)
 
-    def inputs(self, t, ids, aux, final, mask, batch, held_out: bool, seed: int | None):
-        # Held-out blocks are the same every evaluation (a fixed seed): their metrics compare.
+    def draw_anchors(self, t, mask, batch, held_out: bool, seed: int | None):
+        """The step's blocks: anchors [B, m], which are real [B, m], and the rows' lengths [B].
+
+        A seam of its own so a benchmark can replay another trainer's anchors (benchmarks/dflash_replay.py).
+        Held-out blocks are the same every evaluation (a fixed seed): their metrics compare."""
         lengths = batch["attention_mask"].sum(1).to(mask.device)
         anchors, real = dflash_loss.sample_anchors(mask, lengths, self.cfg.num_anchors,
                                                    self.cfg.seed if held_out or seed is None else seed)
+        return anchors, real, lengths
+
+    def inputs(self, t, ids, aux, final, mask, batch, held_out: bool, seed: int | None):
+        anchors, real, lengths = self.draw_anchors(t, mask, batch, held_out, seed)
         used = dflash_loss.needed_positions(mask, lengths, anchors, real, self.cfg.block_size)
         if held_out or not self.cfg.soft_labels:
             argmax = dflash_loss.target_argmax(t.head, final, used)
