@@ -192,6 +192,9 @@ class TrainConfig(TargetOptions):
     grad_clip: float = _f(0.5, "Gradient norm clip.")
     max_tokens: int = _f(8192, "Token budget of one micro-batch (padded tokens, per process).")
     grad_accum: int = _f(1, "Micro-batches per optimizer step.")
+    regroup_batches: bool = _f(False, "Draw new length-sorted batches every epoch (within random mega-batches, "
+                                      "transformers' group_by_length order) instead of one grouping whose order "
+                                      "alone is reshuffled.")
     epochs: int = _f(3, "Passes over the training split.")
     max_steps: int = _f(0, "Stop after this many optimizer steps (0: no limit; the schedule spans it).")
     max_minutes: float = _f(0.0, "End the run within this many minutes of its start (0: no limit): once steps "

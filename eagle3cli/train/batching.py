@@ -20,13 +20,36 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
-def make_batches(indices: list[int], lengths: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+def make_batches(indices: list[int], lengths: list[int], max_tokens: int, seed: int, epoch: int,
+                 regroup: bool = False) -> list[list[int]]:
     """Length-bucketed batches of at most ``max_tokens`` padded tokens, in a seeded order.
 
-    Sorting by length keeps padding small; the batch order (not the contents) is shuffled
-    per epoch, so it is reproducible from (seed, epoch) alone.
+    Sorting by length keeps padding small. By default the grouping is the same every epoch and
+    only the batch order is shuffled. With ``regroup`` the conversations are drawn into new
+    length-sorted groups each epoch, within random mega-batches (transformers' group_by_length
+    order), so no two conversations always share a step. Either way it is a function of
+    (seed, epoch) alone, so a resumed run rebuilds it.
     """
-    order = sorted(indices, key=lambda i: (lengths[i], i))
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    if regroup:
+        order = _regrouped(indices, lengths, max_tokens, g)
+    else:
+        order = sorted(indices, key=lambda i: (lengths[i], i))
+    batches = _cut(order, lengths, max_tokens)
+    return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+
+
+def _regrouped(indices: list[int], lengths: list[int], max_tokens: int, g: torch.Generator) -> list[int]:
+    """``indices`` in random mega-batches, each sorted by length (longest first)."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    sub = [lengths[i] for i in indices]
+    per_batch = max(1, max_tokens // max(1, sorted(sub)[len(sub) // 2]))  # conversations of median length
+    return [indices[j] for j in get_length_grouped_indices(sub, per_batch, generator=g)]
+
+
+def _cut(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` whose padded size (longest x count) fits ``max_tokens``."""
     batches, cur, longest = [], [], 0
     for i in order:
         longest_if = max(longest, lengths[i])
@@ -37,8 +60,19 @@ def make_batches(indices: list[int], lengths: list[int], max_tokens: int, seed: 
         longest = longest_if
     if cur:
         batches.append(cur)
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+    return batches
+
+
+def planned_steps(groups_of_epoch, epochs: int, max_steps: int) -> int:
+    """The optimizer steps of ``epochs`` regrouped epochs (each may cut a step more or fewer than
+    the first, and the LR schedule must span the steps they make), counted no further than
+    ``max_steps`` (0: no limit), so a steps-limited run with a huge --epochs costs nothing here."""
+    total, cap = 0, max_steps or float("inf")
+    for epoch in range(epochs):
+        if total >= cap:
+            break
+        total += len(groups_of_epoch(epoch))
+    return total
 
 
 def rank_groups(batches: list, world: int, rank: int, accum: int) -> list[list]:

@@ -46,7 +46,7 @@ from ..model.sharded_target import fsdp_requested, no_sync, padded, prepare_draf
 from ..model.target import TargetSpec, capture, load_config
 from ..publish.export import save_draft
 from . import train_eval
-from .batching import collate, make_batches, rank_groups, split_indices
+from .batching import collate, make_batches, planned_steps, rank_groups, split_indices
 from .checkpoints import checkpoint_dirs, save_checkpoint, start_state
 from .families import family_setup, select_streams
 from .memory import fix_host_memory, use_recompute
@@ -176,13 +176,15 @@ class Trainer:
             raise TrainError(f"{len(self.train_idx)} training samples make fewer batches than processes "
                              f"({self.acc.num_processes}): lower --max-tokens or add data")
         self.steps_per_epoch = len(groups)
-        total = self.steps_per_epoch * cfg.epochs
+        total = planned_steps(self.groups, cfg.epochs, cfg.max_steps) if cfg.regroup_batches else \
+            self.steps_per_epoch * cfg.epochs
         self.total_steps = min(total, cfg.max_steps) if cfg.max_steps > 0 else total
         self.limit = limit_note(self.steps_per_epoch, cfg)
         self._say(f"plan: {self.total_steps} optimizer steps ({self.limit})")
 
     def groups(self, epoch: int) -> list[list[list[int]]]:
-        batches = make_batches(self.train_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, epoch)
+        batches = make_batches(self.train_idx, self.crop_lengths, self.cfg.max_tokens, self.cfg.seed, epoch,
+                               self.cfg.regroup_batches)
         return rank_groups(batches, self.acc.num_processes, self.acc.process_index, self.cfg.grad_accum)
 
     # -- one micro-batch --

@@ -14,7 +14,7 @@ from eagle3cli.config.train_config import TrainConfig, TrainError
 from eagle3cli.model.vocab import build_vocab, size_for_coverage
 from eagle3cli.publish.export import METADATA_KEY, read_config
 from eagle3cli.publish.inspector import inspect_draft
-from eagle3cli.train.batching import make_batches, rank_groups
+from eagle3cli.train.batching import make_batches, planned_steps, rank_groups
 from eagle3cli.train.checkpoints import checkpoint_dirs
 from eagle3cli.train.trainer import Trainer, train
 from tests.helpers.trainer import END_IDS, build_store, config, peaky_target, store, target_dir, weights  # noqa: F401  (module fixtures: a tiny target and its store)
@@ -52,6 +52,31 @@ def test_batches_respect_budget_and_split_ranks():
     assert batches == make_batches(list(range(8)), lengths, 40, seed=1, epoch=0)
     g0, g1 = rank_groups(batches, 2, 0, 2), rank_groups(batches, 2, 1, 2)
     assert len(g0) == len(g1) and not {i for g in g0 for b in g for i in b} & {i for g in g1 for b in g for i in b}
+
+
+def test_regrouped_batches_change_each_epoch_and_keep_padding_small():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(20, 512, (300,), generator=g).tolist()
+    idx = list(range(0, 300, 1))
+
+    def groups(epoch, regroup):
+        return make_batches(idx, lengths, 1024, seed=3, epoch=epoch, regroup=regroup)
+
+    for epoch in range(3):
+        b = groups(epoch, True)
+        assert sorted(i for x in b for i in x) == idx  # every conversation once an epoch
+        assert all(len(x) * max(lengths[i] for i in x) <= 1024 or len(x) == 1 for x in b)
+        assert b == groups(epoch, True)  # a function of (seed, epoch): a resumed run rebuilds it
+        padded = sum(len(x) * max(lengths[i] for i in x) for x in b)
+        assert sum(lengths) / padded > 0.9  # still length-sorted within each mega-batch
+    fixed = [{frozenset(x) for x in groups(e, False)} for e in (0, 1)]
+    new = [{frozenset(x) for x in groups(e, True)} for e in (0, 1)]
+    assert fixed[0] == fixed[1]  # the default keeps its grouping and shuffles only the order
+    assert len(new[0] & new[1]) < len(new[0]) / 4  # regrouped: few steps meet again
+    assert groups(1, False) != groups(0, False)
+    per_epoch = [len(groups(e, True)) for e in range(3)]
+    assert planned_steps(lambda e: groups(e, True), 3, 0) == sum(per_epoch)
+    assert planned_steps(lambda e: groups(e, True), 10**6, per_epoch[0] + 1) == per_epoch[0] + per_epoch[1]
 
 
 # ---- training -------------------------------------------------------------------------------
@@ -103,8 +128,9 @@ def test_log_file_gets_one_line_per_log_point(store, target_dir, tmp_path):
     assert [float(c) for _, _, c in lines] == [round(h["loss"], 3) for h in logged]
 
 
-@pytest.mark.parametrize("extra", [{}, {"feature_noise": 0.3, "ttt_warmup": 4, "accept_loss": 0.5}],
-                         ids=["plain", "noise-curriculum-acceptance"])
+@pytest.mark.parametrize("extra", [{}, {"feature_noise": 0.3, "ttt_warmup": 4, "accept_loss": 0.5},
+                                   {"regroup_batches": True}],
+                         ids=["plain", "noise-curriculum-acceptance", "regrouped"])
 def test_resume_is_bit_identical(store, target_dir, tmp_path, extra):
     """Also with the settings that draw noise (the generator state must travel in the checkpoint)
     and that change the unroll by step (the curriculum crosses the interruption at step 4)."""
