@@ -57,7 +57,7 @@ def test_batches_respect_budget_and_split_ranks():
 def test_regrouped_batches_change_each_epoch_and_keep_padding_small():
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(20, 512, (300,), generator=g).tolist()
-    idx = list(range(0, 300, 1))
+    idx = list(range(300))
 
     def groups(epoch, regroup):
         return make_batches(idx, lengths, 1024, seed=3, epoch=epoch, regroup=regroup)
