@@ -26,12 +26,15 @@ from .precision import stored_dtype, train_dtype_name
 
 # ---- setup checks ------------------------------------------------------------------------------
 
-def limit_note(steps_per_epoch: int, cfg: TrainConfig) -> str:
-    """Which limit ends the run: --max-steps or the epochs (said at the start and at the end)."""
-    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''} of {steps_per_epoch} steps"
-    if cfg.max_steps > 0 and cfg.max_steps < steps_per_epoch * cfg.epochs:
+def limit_note(steps_per_epoch: int, epoch_steps: int, cfg: TrainConfig) -> str:
+    """Which limit ends the run: --max-steps or the epochs (said at the start and at the end).
+    ``epoch_steps`` is what the epochs make in all; regrouped epochs may each cut a step more or
+    fewer than the first, whose count is quoted as "about"."""
+    about = "about " if cfg.regroup_batches else ""
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''} of {about}{steps_per_epoch} steps"
+    if cfg.max_steps > 0 and cfg.max_steps < epoch_steps:
         return f"--max-steps {cfg.max_steps} ends the run before {epochs}"
-    if cfg.max_steps > steps_per_epoch * cfg.epochs:
+    if cfg.max_steps > epoch_steps:
         return (f"the {epochs} end the run before --max-steps {cfg.max_steps}: raise --epochs (or add data) "
                 "to train longer")
     return epochs

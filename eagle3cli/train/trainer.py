@@ -176,10 +176,10 @@ class Trainer:
             raise TrainError(f"{len(self.train_idx)} training samples make fewer batches than processes "
                              f"({self.acc.num_processes}): lower --max-tokens or add data")
         self.steps_per_epoch = len(groups)
-        total = planned_steps(self.groups, cfg.epochs, cfg.max_steps) if cfg.regroup_batches else \
-            self.steps_per_epoch * cfg.epochs
+        total = planned_steps(self.groups, cfg.epochs, cfg.max_steps and cfg.max_steps + 1) \
+            if cfg.regroup_batches else self.steps_per_epoch * cfg.epochs  # one past --max-steps: does it bind?
         self.total_steps = min(total, cfg.max_steps) if cfg.max_steps > 0 else total
-        self.limit = limit_note(self.steps_per_epoch, cfg)
+        self.limit = limit_note(self.steps_per_epoch, total, cfg)
         self._say(f"plan: {self.total_steps} optimizer steps ({self.limit})")
 
     def groups(self, epoch: int) -> list[list[list[int]]]:

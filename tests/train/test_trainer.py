@@ -16,6 +16,7 @@ from eagle3cli.publish.export import METADATA_KEY, read_config
 from eagle3cli.publish.inspector import inspect_draft
 from eagle3cli.train.batching import make_batches, planned_steps, rank_groups
 from eagle3cli.train.checkpoints import checkpoint_dirs
+from eagle3cli.train.setup import limit_note
 from eagle3cli.train.trainer import Trainer, train
 from tests.helpers.trainer import END_IDS, build_store, config, peaky_target, store, target_dir, weights  # noqa: F401  (module fixtures: a tiny target and its store)
 
@@ -77,6 +78,14 @@ def test_regrouped_batches_change_each_epoch_and_keep_padding_small():
     per_epoch = [len(groups(e, True)) for e in range(3)]
     assert planned_steps(lambda e: groups(e, True), 3, 0) == sum(per_epoch)
     assert planned_steps(lambda e: groups(e, True), 10**6, per_epoch[0] + 1) == per_epoch[0] + per_epoch[1]
+
+
+def test_limit_note_names_what_ends_the_run():
+    cfg = TrainConfig(data="x", epochs=3, max_steps=100)
+    assert limit_note(40, 120, cfg) == "--max-steps 100 ends the run before 3 epochs of 40 steps"
+    cfg = TrainConfig(data="x", epochs=3, max_steps=130, regroup_batches=True)  # epochs cut 40, 41, 39
+    assert limit_note(40, 120, cfg).startswith("the 3 epochs of about 40 steps end the run before --max-steps 130")
+    assert limit_note(40, 120, TrainConfig(data="x", epochs=3, max_steps=120)) == "3 epochs of 40 steps"
 
 
 # ---- training -------------------------------------------------------------------------------
