@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.target import finish_logits, output_head
-from .ttt import TTTOutput, soft_cross_entropy
+from .ttt import TTTOutput, chunk_logits, logits_buffer, soft_cross_entropy
 
 IGNORE = -100
 
@@ -162,13 +162,10 @@ class HeadCrossEntropy(torch.autograd.Function):
         pred = torch.empty(n, dtype=torch.long, device=h.device)
         device = h.device.type
         low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        # One logits buffer for every chunk: a fresh [chunk x vocab] output each time costs its page
-        # faults again (the head's GEMM ran at 45 GFLOP/s into new memory, 66 into this, AVX2 EPYC).
-        reuse = low is None and h.dtype == weight.dtype == torch.float32
-        buf = torch.empty(min(chunk, n), weight.shape[0], dtype=torch.float32, device=h.device) if reuse else None
+        buf = logits_buffer(h, weight, chunk, low)
         for i in range(0, n, chunk):
             hc, lab = h[i:i + chunk], labels[i:i + chunk]
-            z = torch.mm(hc, weight.t(), out=buf[:len(hc)]) if reuse else F.linear(hc, weight).float()
+            z = chunk_logits(hc, weight, buf)
             top, pred[i:i + chunk] = z.max(-1)  # the row's largest logit and its argmax, in one pass
             picked = z.gather(1, lab[:, None]).squeeze(1)
             total = z.sub_(top[:, None]).exp_().sum(-1)  # exp(z - max), in z's storage
